@@ -1,0 +1,246 @@
+"""Rules for what may sit at the edge of an OpenVINO partition.
+
+Each rule looks at one proposed partition and names the nodes that must stay
+out of it, with a reason. The partitioner refuses those nodes and proposes
+again until no rule objects, so every rule is free to be simple and local.
+
+Why each rule exists:
+
+* ``keep_boundary_copies_out``: OpenVINO's PyTorch frontend converts copies
+  (``aten.clone``, ``aten.alias_copy``, ...) to nothing. A partition that
+  returns a copy of one of its inputs becomes an ``ov.Model`` whose Result is
+  fed by a Parameter; under ExecuTorch's binding order (inputs first, then
+  outputs) the CPU plugin never writes that output and may overwrite the
+  input. Two outputs that are copies of one tensor name a single OpenVINO
+  tensor, which the frontend refuses. Copies used only inside the partition
+  stay: OpenVINO skips them harmlessly.
+* ``keep_non_default_dim_order_out``: the runtime binds every partition input
+  and output as a tensor of its logical sizes over its data pointer, so a
+  tensor in a non-default dim order would be read (or written) in the wrong
+  layout.
+* ``keep_unbindable_tensors_out``: the runtime maps only some scalar types to
+  OpenVINO element types, and cannot bind 0-d tensors; either at the edge
+  fails at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch.export import ExportedProgram
+
+from openvino_backend.diagnostics import op_name
+
+Rejection = tuple[torch.fx.Node, str]
+BoundaryRule = Callable[["PartitionView"], Iterable[Rejection]]
+
+# Ops OpenVINO's FX frontend translates to nothing (``op::skip_node``).
+COPY_OPS = frozenset(
+    {
+        "aten.clone.default",
+        "aten.alias.default",
+        "aten.alias_copy.default",
+        "aten.detach.default",
+        "aten.detach_copy.default",
+        "aten.lift_fresh_copy.default",
+        "dim_order_ops._clone_dim_order.default",
+    }
+)
+# Ops that are copies only when they keep the dtype (otherwise OpenVINO emits
+# a Convert, which writes its output like any other op).
+CAST_OPS = frozenset({"aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default"})
+
+# Scalar types the ExecuTorch OpenVINO runtime binds (convert_to_openvino_type).
+RUNTIME_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
+)
+
+
+def is_copy(node: torch.fx.Node) -> bool:
+    """True when OpenVINO would convert ``node`` to its input unchanged."""
+    if node.op != "call_function":
+        return False
+    op = op_name(node)
+    if op in COPY_OPS:
+        return True
+    if op in CAST_OPS:
+        source = node.args[0] if node.args else None
+        return isinstance(source, torch.fx.Node) and _dtype(source) == _dtype(node)
+    return False
+
+
+def _val(node: torch.fx.Node) -> object:
+    return node.meta.get("val")
+
+
+def _dtype(node: torch.fx.Node) -> torch.dtype | None:
+    val = _val(node)
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def non_default_dim_order(val: object) -> tuple[int, ...] | None:
+    """The dim order of ``val`` when its memory is not laid out contiguously.
+
+    A tensor whose layout equals the contiguous one (channels-last with
+    H = W = 1, say) is fine whatever its dim order says: the runtime reads the
+    same bytes either way.
+    """
+    if not isinstance(val, torch.Tensor) or val.is_contiguous():
+        return None
+    return tuple(val.dim_order(ambiguity_check=False))
+
+
+@dataclass(frozen=True)
+class PartitionView:
+    """One proposed partition inside its program, with edge queries."""
+
+    nodes: frozenset[torch.fx.Node]
+    program: ExportedProgram
+
+    def leaves(self, node: torch.fx.Node) -> bool:
+        """True when ``node``'s result is used outside the partition."""
+        return any(user not in self.nodes for user in node.users)
+
+    @cached_property
+    def _owned_constants(self) -> frozenset[torch.fx.Node]:
+        # Constants whose users are all inside become part of the delegate
+        # (tag_constant_data); they never cross the edge at run time.
+        sig = self.program.graph_signature
+        constants = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+        mutated = set(sig.buffers_to_mutate.values())
+        return frozenset(
+            node
+            for node in self.program.graph.nodes
+            if node.op == "placeholder"
+            and node.name in constants
+            and constants[node.name] not in mutated
+            and all(user in self.nodes for user in node.users)
+        )
+
+    def inputs(self) -> Iterator[torch.fx.Node]:
+        """Nodes outside the partition whose results it reads at run time."""
+        seen: set[torch.fx.Node] = set()
+        for node in self._ordered():
+            for source in node.all_input_nodes:
+                if source not in self.nodes and source not in seen and source not in self._owned_constants:
+                    seen.add(source)
+                    yield source
+
+    def outputs(self) -> Iterator[torch.fx.Node]:
+        return (node for node in self._ordered() if self.leaves(node))
+
+    def _ordered(self) -> list[torch.fx.Node]:
+        return [node for node in self.program.graph.nodes if node in self.nodes]
+
+    def copy_root(self, node: torch.fx.Node) -> torch.fx.Node:
+        """The tensor ``node`` is a copy of, following copy chains inside the partition."""
+        while is_copy(node) and node in self.nodes:
+            node = node.args[0]
+        return node
+
+
+def keep_boundary_copies_out(part: PartitionView) -> Iterator[Rejection]:
+    """A copy may leave the partition only if it is the sole name of a tensor computed inside."""
+    leaving_by_root: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in part.outputs():
+        if not is_copy(node):
+            continue
+        root = part.copy_root(node)
+        if root not in part.nodes:
+            yield (
+                node,
+                (
+                    f"copy of partition input `{root.name}` whose result leaves the partition: "
+                    "OpenVINO converts it to nothing, and the runtime would return stale memory"
+                ),
+            )
+        else:
+            leaving_by_root.setdefault(root, []).append(node)
+    for root, copies in leaving_by_root.items():
+        # One name per tensor: the root itself if it leaves, else the first copy.
+        kept = () if part.leaves(root) else copies[:1]
+        for node in copies:
+            if node not in kept:
+                yield (
+                    node,
+                    (
+                        f"copy of `{root.name}`, which already leaves the partition: "
+                        "OpenVINO converts it to nothing, so both outputs would name one tensor"
+                    ),
+                )
+
+
+def keep_non_default_dim_order_out(part: PartitionView) -> Iterator[Rejection]:
+    """No tensor may cross the partition edge in a non-default dim order."""
+    for node in part.outputs():
+        order = non_default_dim_order(_val(node))
+        if order is not None:
+            yield (
+                node,
+                (
+                    f"result leaves the partition in dim order {order}; "
+                    "the OpenVINO runtime writes partition outputs in the default order"
+                ),
+            )
+    for source in part.inputs():
+        order = non_default_dim_order(_val(source))
+        if order is None:
+            continue
+        for user in source.users:
+            if user in part.nodes:
+                yield (
+                    user,
+                    (
+                        f"reads `{source.name}` in dim order {order} from outside the partition; "
+                        "the OpenVINO runtime reads partition inputs in the default order"
+                    ),
+                )
+
+
+def unbindable(val: object) -> str | None:
+    """Why the runtime cannot bind ``val`` at the partition edge, or None."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    if val.dtype not in RUNTIME_DTYPES:
+        return f"{val.dtype}, which the OpenVINO runtime cannot bind"
+    if val.dim() == 0:
+        # create_ov_tensor builds an ov_shape of the tensor's rank, and OpenVINO's
+        # C API refuses rank 0: the delegate fails with error 0x1 at run time.
+        return "a 0-d tensor, which the OpenVINO runtime cannot bind (error 0x1 at run time)"
+    return None
+
+
+def keep_unbindable_tensors_out(part: PartitionView) -> Iterator[Rejection]:
+    """Every tensor at the edge must be one the runtime can bind (dtype, rank)."""
+    for node in part.outputs():
+        why = unbindable(_val(node))
+        if why is not None:
+            yield node, f"result leaves the partition as {why}"
+    for source in part.inputs():
+        why = unbindable(_val(source))
+        if why is None:
+            continue
+        for user in source.users:
+            if user in part.nodes:
+                yield user, f"reads `{source.name}` from outside the partition, {why}"
+
+
+DEFAULT_RULES: tuple[BoundaryRule, ...] = (
+    keep_boundary_copies_out,
+    keep_non_default_dim_order_out,
+    keep_unbindable_tensors_out,
+)

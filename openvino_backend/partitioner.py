@@ -1,0 +1,116 @@
+"""``OpenvinoPartitioner``: choose what OpenVINO runs, and keep the edges safe.
+
+Nodes go to OpenVINO when OpenVINO converts their op (``support.py``). The
+partitions proposed from that are then checked by the partition-edge rules
+(``boundary.py``); a node a rule objects to is refused and partitions are
+proposed again, until no rule objects. Every refusal is recorded in a
+``WhyNoPartitionReporter`` and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import WhyNoPartitionReporter, tag_constant_data
+from torch.export import ExportedProgram
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
+
+from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView
+from openvino_backend.diagnostics import op_name
+from openvino_backend.guard import ensure_sole_backend
+from openvino_backend.precision import warn_if_reduced
+from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
+from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport
+
+logger = logging.getLogger(__name__)
+
+
+class OpenvinoPartitioner(Partitioner):
+    """Partitions an edge program for ``OpenvinoBackend``.
+
+    Args:
+        compile_spec: passed to the backend; ``device`` selects the OpenVINO
+            device (default ``CPU``).
+        op_types_to_skip: op names (``aten.add.Tensor``) never delegated.
+        op_names_to_skip: FX node names never delegated.
+        boundary_rules: the partition-edge rules. The default set is what
+            makes lowered programs correct; pass a subset only to test the
+            export-time checks that back them up.
+    """
+
+    def __init__(
+        self,
+        compile_spec: list[CompileSpec] | None = None,
+        op_types_to_skip: Collection[str] | None = None,
+        op_names_to_skip: Collection[str] | None = None,
+        *,
+        boundary_rules: Sequence[BoundaryRule] = DEFAULT_RULES,
+    ) -> None:
+        ensure_sole_backend(OpenvinoBackend)
+        self.compile_spec = list(compile_spec or [])
+        self.delegation_spec = DelegationSpec(OpenvinoBackend.__name__, self.compile_spec)
+        self._op_types_to_skip = frozenset(op_types_to_skip or ())
+        self._op_names_to_skip = frozenset(op_names_to_skip or ())
+        self._boundary_rules = tuple(boundary_rules)
+        self.reporter = WhyNoPartitionReporter()
+
+    def ops_to_not_decompose(
+        self, ep: ExportedProgram
+    ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
+        return list(OPS_TO_NOT_DECOMPOSE), None
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        ensure_sole_backend(OpenvinoBackend)
+        self.reporter = WhyNoPartitionReporter()
+        partitions = self.propose(exported_program)
+
+        partition_tags: dict[str, DelegationSpec] = {}
+        for index, partition in enumerate(partitions):
+            tag = f"openvino_{index}"
+            for node in partition.nodes:
+                node.meta["delegation_tag"] = tag
+            spec = [*self.compile_spec, CompileSpec(PARTITION_KEY, str(index).encode())]
+            partition_tags[tag] = DelegationSpec(OpenvinoBackend.__name__, spec)
+        tag_constant_data(exported_program)
+
+        warn_if_reduced(_float_dtypes(partitions), CompileOptions.from_specs(self.compile_spec).device)
+        delegated = sum(len(p.nodes) for p in partitions)
+        logger.info("OpenVINO takes %d nodes in %d partition(s)", delegated, len(partitions))
+        if self.reporter.get_table_report().strip():
+            logger.info("Nodes not delegated to OpenVINO:\n%s", self.reporter.get_table_report())
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=partition_tags)
+
+    def propose(self, program: ExportedProgram) -> list[Partition]:
+        """Partitions that satisfy every boundary rule (no nodes are tagged)."""
+        excluded: dict[torch.fx.Node, str] = {}
+        while True:
+            support = OpenvinoOperatorSupport(self.reporter, self._op_types_to_skip, self._op_names_to_skip, excluded)
+            partitions = CapabilityBasedPartitioner(
+                program.graph_module, support, allows_single_node_partition=True
+            ).propose_partitions()
+            rejected = {
+                node: reason
+                for partition in partitions
+                for rule in self._boundary_rules
+                for node, reason in rule(PartitionView(frozenset(partition.nodes), program))
+                if node not in excluded
+            }
+            if not rejected:
+                return [p for p in partitions if _has_compute(p)]
+            for node, reason in rejected.items():
+                logger.info("keeping %s (%s) out of OpenVINO: %s", node.name, op_name(node), reason)
+            excluded.update(rejected)
+
+
+def _has_compute(partition: Partition) -> bool:
+    # A partition of getitems alone would be an empty delegate.
+    return any(node.op == "call_function" and "getitem" not in str(node.target) for node in partition.nodes)
+
+
+def _float_dtypes(partitions: list[Partition]) -> set[torch.dtype]:
+    vals = (node.meta.get("val") for p in partitions for node in p.nodes)
+    return {v.dtype for v in vals if isinstance(v, torch.Tensor) and v.dtype.is_floating_point}

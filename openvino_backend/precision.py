@@ -1,0 +1,107 @@
+"""What precision a device really computes in, and what error that implies.
+
+On CPUs with AMX (or AVX512-BF16) OpenVINO's CPU plugin runs f32 models in
+bf16 unless told otherwise, and the ExecuTorch runtime imports blobs with no
+properties, so a compile-time hint never reaches it. Comparisons and warnings
+derive their numbers from the precision actually used, never from hope.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import openvino as ov
+import torch
+
+logger = logging.getLogger(__name__)
+
+_OV_TO_TORCH = {
+    "f32": torch.float32,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f64": torch.float64,
+}
+
+
+def openvino_version() -> str:
+    """``2026.4.1``, without the build suffix."""
+    return ov.get_version().split("-")[0]
+
+
+@cache
+def inference_precision(device: str = "CPU") -> torch.dtype:
+    """The floating dtype ``device`` computes f32 models in by default."""
+    try:
+        hint = ov.Core().get_property(device, "INFERENCE_PRECISION_HINT")
+    except RuntimeError:  # a device without the property computes in the model's type
+        return torch.float32
+    return _OV_TO_TORCH.get(hint.to_string(), torch.float32)
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the gap between 1 and the next representable number."""
+    return torch.finfo(dtype).eps / 2
+
+
+def effective_dtype(dtype: torch.dtype, device: str = "CPU") -> torch.dtype:
+    """The dtype ``device`` computes a ``dtype`` tensor in."""
+    if not dtype.is_floating_point:
+        return dtype
+    hint = inference_precision(device)
+    return hint if torch.finfo(hint).eps > torch.finfo(dtype).eps else dtype
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|actual - expected| <= atol + rtol * |expected|``, elementwise."""
+
+    atol: float
+    rtol: float
+
+    @classmethod
+    def for_output(
+        cls, dtype: torch.dtype, device: str = "CPU", *, terms: int = 1, scale: float = 1.0, ops: int = 4
+    ) -> Tolerance:
+        """The error a correct result can carry in ``device``'s precision.
+
+        Every rounding contributes at most ``u`` (the unit roundoff) relative
+        error; ``ops`` roundings in sequence give ``ops * u``; a sum of
+        ``terms`` values of magnitude ``scale`` adds ``sqrt(terms) * u * scale``
+        of absolute error (random-walk accumulation, which is what blocked
+        dot products show). Exact dtypes get zero tolerance.
+        """
+        if not dtype.is_floating_point:
+            return cls(0.0, 0.0)
+        u = unit_roundoff(effective_dtype(dtype, device))
+        return cls(atol=ops * u * scale * math.sqrt(terms), rtol=ops * u)
+
+    def check(self, actual: torch.Tensor, expected: torch.Tensor) -> bool:
+        if actual.shape != expected.shape or actual.dtype != expected.dtype:
+            return False
+        if not expected.dtype.is_floating_point:
+            return torch.equal(actual, expected)
+        return torch.allclose(actual, expected, atol=self.atol, rtol=self.rtol, equal_nan=True)
+
+
+def warn_if_reduced(dtypes: set[torch.dtype], device: str) -> None:
+    """Log once that ``device`` computes these dtypes in a lower precision."""
+    hint = inference_precision(device)
+    lowered = sorted(str(d) for d in dtypes if d.is_floating_point and effective_dtype(d, device) != d)
+    if not lowered:
+        return
+    u = unit_roundoff(hint)
+    logger.warning(
+        "OpenVINO on %s computes %s partitions in %s by default (INFERENCE_PRECISION_HINT), "
+        "and the ExecuTorch runtime imports blobs without properties, so the lowered program "
+        "runs in %s: expect relative errors near %.1e per op, growing with reduction length "
+        "(~1e-2 on a 64x64 matmul). To run in f32, give the CPU plugin "
+        "INFERENCE_PRECISION_HINT=f32 in the plugins.xml beside libopenvino.so on the target.",
+        device,
+        ", ".join(lowered),
+        hint,
+        hint,
+        u,
+    )

@@ -1,0 +1,191 @@
+"""Lower a model, run it on the stock ExecuTorch runtime, compare with eager.
+
+This is the loop the CLI, the tests, the fuzzer and the benchmarks share: the
+real ``to_edge_transform_and_lower`` -> ``.pte`` -> ``executorch.runtime``
+path, never a mock of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager, to_edge_transform_and_lower
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.runtime import Runtime
+
+from openvino_backend.partitioner import OpenvinoPartitioner
+from openvino_backend.precision import Tolerance
+
+
+def lower(
+    module: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    *,
+    partitioner: OpenvinoPartitioner | None = None,
+    compile_config: EdgeCompileConfig | None = None,
+    device: str = "CPU",
+) -> ExecutorchProgramManager:
+    """``torch.export`` + lower with ``OpenvinoPartitioner`` + ``to_executorch``."""
+    partitioner = partitioner or OpenvinoPartitioner([CompileSpec("device", device.encode())])
+    exported = torch.export.export(module.eval(), tuple(inputs))
+    return lower_exported(exported, partitioner=partitioner, compile_config=compile_config)
+
+
+def lower_exported(
+    exported: torch.export.ExportedProgram,
+    *,
+    partitioner: OpenvinoPartitioner,
+    compile_config: EdgeCompileConfig | None = None,
+) -> ExecutorchProgramManager:
+    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner], compile_config=compile_config)
+    return edge.to_executorch()
+
+
+@lru_cache(maxsize=1)
+def runtime() -> Runtime:
+    return Runtime.get()
+
+
+def run_program(buffer: bytes, inputs: Sequence[torch.Tensor], method: str = "forward") -> list[torch.Tensor]:
+    """Execute ``method`` of a serialized program on the ExecuTorch runtime."""
+    loaded = runtime().load_program(buffer).load_method(method)
+    if loaded is None:
+        raise ValueError(f"the program has no method {method!r}")
+    return list(loaded.execute(list(inputs)))
+
+
+def delegate_ids(program: ExecutorchProgramManager) -> list[str]:
+    """Backend id of every delegate in the program's first execution plan."""
+    return [d.id for d in program.executorch_program.execution_plan[0].delegates]
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output of one run, against eager."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    max_abs: float
+    max_rel: float
+    tolerance: Tolerance
+    values_ok: bool
+    layout_ok: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.values_ok and self.layout_ok
+
+
+@dataclass
+class RunCheck:
+    """All outputs of one run, and whether the run modified its inputs."""
+
+    outputs: list[OutputCheck] = field(default_factory=list)
+    modified_inputs: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.modified_inputs and all(o.ok for o in self.outputs)
+
+
+def flatten_outputs(value: object) -> list[torch.Tensor]:
+    leaves, _ = torch.utils._pytree.tree_flatten(value)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def check_run(
+    module: torch.nn.Module,
+    buffer: bytes,
+    inputs: Sequence[torch.Tensor],
+    *,
+    device: str = "CPU",
+    terms: int = 1,
+) -> RunCheck:
+    """Run the program and eager on the same inputs and compare every output.
+
+    Each output gets ``Tolerance.for_output`` for its dtype on ``device`` with
+    ``terms`` (the longest reduction feeding it) and its own magnitude as scale.
+    """
+    originals = [x.clone() for x in inputs]
+    with torch.no_grad():
+        expected = flatten_outputs(module(*[x.clone() for x in inputs]))
+    given = [x.clone() for x in inputs]
+    try:
+        actual = run_program(buffer, given)
+    except RuntimeError as error:
+        return RunCheck(error=str(error))
+    report = RunCheck(
+        modified_inputs=[i for i, (a, b) in enumerate(zip(given, originals, strict=True)) if not _same(a, b)]
+    )
+    if len(actual) != len(expected):
+        report.error = f"the program returned {len(actual)} outputs, eager {len(expected)}"
+        return report
+    for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
+        report.outputs.append(compare_output(index, got, want, device=device, terms=terms))
+    return report
+
+
+def compare_output(
+    index: int, actual: torch.Tensor, expected: torch.Tensor, *, device: str = "CPU", terms: int = 1
+) -> OutputCheck:
+    scale = float(expected.detach().abs().max()) if expected.numel() and expected.dtype.is_floating_point else 1.0
+    tolerance = Tolerance.for_output(expected.dtype, device, terms=terms, scale=max(scale, 1.0))
+    max_abs, max_rel = _errors(actual, expected)
+    return OutputCheck(
+        index=index,
+        shape=tuple(expected.shape),
+        dtype=expected.dtype,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        tolerance=tolerance,
+        values_ok=tolerance.check(actual, expected),
+        layout_ok=layout(actual) == layout(expected),
+    )
+
+
+def layout(tensor: torch.Tensor) -> tuple[int, ...] | str:
+    """``"contiguous"`` or the dim order of a tensor, for comparing memory formats."""
+    return "contiguous" if tensor.is_contiguous() else tuple(tensor.dim_order(ambiguity_check=False))
+
+
+def _errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    if actual.shape != expected.shape or actual.numel() == 0:
+        return (math.inf, math.inf) if actual.shape != expected.shape else (0.0, 0.0)
+    a, e = actual.double(), expected.double()
+    both_nan = a.isnan() & e.isnan()
+    diff = (a - e).abs().masked_fill(both_nan, 0.0).nan_to_num(nan=math.inf)
+    rel = diff / e.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    return float(diff.max()), float(rel.max())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.equal(a, b) or (a.isnan() & b.isnan() | (a == b)).all())
+
+
+def resample(inputs: Sequence[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor]:
+    """New values for each input: same shape, dtype, memory format and value range."""
+    fresh = []
+    for x in inputs:
+        if x.dtype == torch.bool:
+            y = torch.rand(x.shape, generator=generator) < 0.5
+        elif x.dtype.is_floating_point:
+            y = torch.randn(x.shape, generator=generator).to(x.dtype)
+        else:
+            low, high = (int(x.min()), int(x.max()) + 1) if x.numel() else (0, 1)
+            y = torch.randint(low, high, x.shape, generator=generator, dtype=x.dtype)
+        fresh.append(y.to(memory_format=torch.channels_last) if _is_channels_last(x) else y)
+    return fresh
+
+
+def _is_channels_last(x: torch.Tensor) -> bool:
+    if x.is_contiguous():
+        return False
+    if x.dim() == 4:
+        return x.is_contiguous(memory_format=torch.channels_last)
+    return x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d)

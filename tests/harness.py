@@ -1,0 +1,67 @@
+"""The shared lowering test: real export, real runtime, real OpenVINO."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager
+
+from openvino_backend import OpenvinoPartitioner
+from openvino_backend.verify import check_run, delegate_ids, lower, resample
+
+# ExecuTorch's edge config with dim order turned off: copies are aten.clone.
+NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)
+
+
+def execute_layer_test(
+    module: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    expected_partitions: int | None = 1,
+    compile_config: EdgeCompileConfig | None = None,
+    *,
+    partitioner: OpenvinoPartitioner | None = None,
+    terms: int = 1,
+    draws: int = 2,
+) -> ExecutorchProgramManager:
+    """Lower ``module``, check its delegates, run it and compare with eager.
+
+    Runs ``draws`` times on the same loaded program (the given inputs, then
+    fresh values of the same kind) so an output that keeps an earlier run's
+    memory cannot pass by luck. Every run must match eager within the
+    tolerance of the device's real precision and leave its inputs untouched.
+    """
+    module = module.eval()
+    program = lower(module, inputs, partitioner=partitioner, compile_config=compile_config)
+    ids = delegate_ids(program)
+    if expected_partitions is not None:
+        assert len(ids) == expected_partitions, f"expected {expected_partitions} delegates, got {ids}"
+    assert all(i == "OpenvinoBackend" for i in ids), ids
+
+    generator = torch.Generator().manual_seed(1234)
+    draw = list(inputs)
+    for attempt in range(draws):
+        report = check_run(module, program.buffer, draw, terms=terms)
+        assert report.error is None, report.error
+        assert not report.modified_inputs, f"run {attempt} modified inputs {report.modified_inputs}"
+        for out in report.outputs:
+            assert out.values_ok, (
+                f"run {attempt}, output {out.index} {out.shape}: max abs error {out.max_abs:.3g} "
+                f"over tolerance {out.tolerance}"
+            )
+            assert out.layout_ok, f"run {attempt}, output {out.index}: memory format differs from eager"
+        draw = resample(inputs, generator)
+    return program
+
+
+def non_delegated_ops(program: ExecutorchProgramManager) -> list[str]:
+    """Names of the ops the program runs outside any delegate."""
+    graph = program.exported_program().graph
+    return [
+        str(getattr(node.target, "__name__", node.target))
+        for node in graph.nodes
+        if node.op == "call_function"
+        and "executorch_call_delegate" not in str(node.target)
+        and "getitem" not in str(node.target)
+        and "memory.alloc" not in str(node.target)
+    ]
