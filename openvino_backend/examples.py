@@ -87,7 +87,7 @@ EXAMPLES: dict[str, Example] = {
             "encoder + 2 transformer blocks + action head, returns copies of its observation",
             lambda: RobotPolicy().eval(),
             lambda g: (torch.randn(2, 8, 24, generator=g), torch.randn(2, 6, generator=g)),
-            terms=128,
+            terms=16,  # ~15 matmuls deep: rounding errors add up as a random walk
         ),
     )
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -20,13 +21,22 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 
 from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView
-from openvino_backend.diagnostics import op_name
+from openvino_backend.diagnostics import NodeRef, op_name
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.precision import warn_if_reduced
 from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    """What the last ``partition`` call decided, for tools and users."""
+
+    partitions: int = 0
+    delegated_nodes: int = 0
+    kept_out: tuple[tuple[NodeRef, str], ...] = ()
 
 
 class OpenvinoPartitioner(Partitioner):
@@ -57,6 +67,7 @@ class OpenvinoPartitioner(Partitioner):
         self._op_names_to_skip = frozenset(op_names_to_skip or ())
         self._boundary_rules = tuple(boundary_rules)
         self.reporter = WhyNoPartitionReporter()
+        self.report = PartitionReport()
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
@@ -65,8 +76,15 @@ class OpenvinoPartitioner(Partitioner):
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ensure_sole_backend(OpenvinoBackend)
+        partitions, rejected = self.propose(exported_program)
         self.reporter = WhyNoPartitionReporter()
-        partitions = self.propose(exported_program)
+        for node, reason in rejected.items():
+            self.reporter.report_reject(node, reason)
+        self.report = PartitionReport(
+            partitions=len(partitions),
+            delegated_nodes=sum(1 for p in partitions for n in p.nodes if n.op == "call_function"),
+            kept_out=tuple((NodeRef.from_node(node), reason) for node, reason in rejected.items()),
+        )
 
         partition_tags: dict[str, DelegationSpec] = {}
         for index, partition in enumerate(partitions):
@@ -78,17 +96,19 @@ class OpenvinoPartitioner(Partitioner):
         tag_constant_data(exported_program)
 
         warn_if_reduced(_float_dtypes(partitions), CompileOptions.from_specs(self.compile_spec).device)
-        delegated = sum(len(p.nodes) for p in partitions)
-        logger.info("OpenVINO takes %d nodes in %d partition(s)", delegated, len(partitions))
-        if self.reporter.get_table_report().strip():
+        logger.info("OpenVINO takes %d nodes in %d partition(s)", self.report.delegated_nodes, len(partitions))
+        if rejected:
             logger.info("Nodes not delegated to OpenVINO:\n%s", self.reporter.get_table_report())
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=partition_tags)
 
-    def propose(self, program: ExportedProgram) -> list[Partition]:
-        """Partitions that satisfy every boundary rule (no nodes are tagged)."""
+    def propose(self, program: ExportedProgram) -> tuple[list[Partition], dict[torch.fx.Node, str]]:
+        """Partitions that satisfy every boundary rule, and every node refused with why.
+
+        Tags nothing: ``partition`` does that once the proposal has settled.
+        """
         excluded: dict[torch.fx.Node, str] = {}
         while True:
-            support = OpenvinoOperatorSupport(self.reporter, self._op_types_to_skip, self._op_names_to_skip, excluded)
+            support = OpenvinoOperatorSupport(self._op_types_to_skip, self._op_names_to_skip, excluded)
             partitions = CapabilityBasedPartitioner(
                 program.graph_module, support, allows_single_node_partition=True
             ).propose_partitions()
@@ -100,7 +120,7 @@ class OpenvinoPartitioner(Partitioner):
                 if node not in excluded
             }
             if not rejected:
-                return [p for p in partitions if _has_compute(p)]
+                return [p for p in partitions if _has_compute(p)], support.rejected
             for node, reason in rejected.items():
                 logger.info("keeping %s (%s) out of OpenVINO: %s", node.name, op_name(node), reason)
             excluded.update(rejected)

@@ -12,7 +12,6 @@ from collections.abc import Collection, Mapping
 from functools import lru_cache
 
 import torch
-from executorch.exir.backend.utils import WhyNoPartitionReporter
 from openvino.frontend.pytorch.torchdynamo.op_support import OperatorSupport
 from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -54,17 +53,17 @@ class OpenvinoOperatorSupport(OperatorSupportBase):
 
     ``excluded`` holds nodes the partition-edge rules have already kept out,
     with their reasons; they are refused here so the partitioner can propose
-    partitions again without them.
+    partitions again without them. ``rejected`` collects every refusal of
+    this instance, for the partitioner to report once it has settled.
     """
 
     def __init__(
         self,
-        reporter: WhyNoPartitionReporter,
         op_types_to_skip: Collection[str] = (),
         op_names_to_skip: Collection[str] = (),
         excluded: Mapping[torch.fx.Node, str] | None = None,
     ) -> None:
-        self._reporter = reporter
+        self.rejected: dict[torch.fx.Node, str] = {}
         self._op_types_to_skip = frozenset(op_types_to_skip)
         self._op_names_to_skip = frozenset(op_names_to_skip)
         self._excluded = excluded or {}
@@ -75,7 +74,7 @@ class OpenvinoOperatorSupport(OperatorSupportBase):
         reason = self.rejection(node)
         if reason is None:
             return True
-        self._reporter.report_reject(node, reason)
+        self.rejected[node] = reason
         return False
 
     def rejection(self, node: torch.fx.Node) -> str | None:
@@ -85,7 +84,7 @@ class OpenvinoOperatorSupport(OperatorSupportBase):
             return self._excluded[node]
         if op in self._op_types_to_skip or node.name in self._op_names_to_skip:
             return "skipped by the partitioner's op_types_to_skip / op_names_to_skip"
-        if op == "getitem" or op.endswith("getitem"):
+        if op == "getitem":
             return None
         if op not in openvino_supported_ops():
             return f"OpenVINO's PyTorch frontend has no conversion for {op}"

@@ -106,11 +106,15 @@ def check_run(
     *,
     device: str = "CPU",
     terms: int = 1,
+    formats: Sequence[torch.memory_format | None] | None = None,
 ) -> RunCheck:
     """Run the program and eager on the same inputs and compare every output.
 
     Each output gets ``Tolerance.for_output`` for its dtype on ``device`` with
-    ``terms`` (the longest reduction feeding it) and its own magnitude as scale.
+    ``terms`` (the longest reduction feeding it) and the output's magnitude as
+    scale. ``formats`` (from ``declared_formats``) are the memory formats the
+    program promises for its outputs; eager's own strides are no guide, since
+    an eager view (a permute, say) can look like any format.
     """
     originals = [x.clone() for x in inputs]
     with torch.no_grad():
@@ -127,12 +131,19 @@ def check_run(
         report.error = f"the program returned {len(actual)} outputs, eager {len(expected)}"
         return report
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
-        report.outputs.append(compare_output(index, got, want, device=device, terms=terms))
+        declared = formats[index] if formats is not None else None
+        report.outputs.append(compare_output(index, got, want, device=device, terms=terms, declared=declared))
     return report
 
 
 def compare_output(
-    index: int, actual: torch.Tensor, expected: torch.Tensor, *, device: str = "CPU", terms: int = 1
+    index: int,
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    device: str = "CPU",
+    terms: int = 1,
+    declared: torch.memory_format | None = None,
 ) -> OutputCheck:
     scale = float(expected.detach().abs().max()) if expected.numel() and expected.dtype.is_floating_point else 1.0
     tolerance = Tolerance.for_output(expected.dtype, device, terms=terms, scale=max(scale, 1.0))
@@ -145,13 +156,25 @@ def compare_output(
         max_rel=max_rel,
         tolerance=tolerance,
         values_ok=tolerance.check(actual, expected),
-        layout_ok=layout(actual) == layout(expected),
+        layout_ok=declared in (None, memory_format(actual)),
     )
 
 
-def layout(tensor: torch.Tensor) -> tuple[int, ...] | str:
-    """``"contiguous"`` or the dim order of a tensor, for comparing memory formats."""
-    return "contiguous" if tensor.is_contiguous() else tuple(tensor.dim_order(ambiguity_check=False))
+def declared_formats(program: ExecutorchProgramManager) -> list[torch.memory_format | None]:
+    """The memory format the program declares for each output (from ``meta["val"]``)."""
+    outputs = program.exported_program().graph.output_node().args[0]
+    vals = [node.meta.get("val") if isinstance(node, torch.fx.Node) else None for node in outputs]
+    return [memory_format(v) if isinstance(v, torch.Tensor) else None for v in vals]
+
+
+def memory_format(tensor: torch.Tensor) -> torch.memory_format | None:
+    """The memory format a tensor is laid out in, or None for other strides (views)."""
+    if tensor.is_contiguous():
+        return torch.contiguous_format
+    for fmt, rank in ((torch.channels_last, 4), (torch.channels_last_3d, 5)):
+        if tensor.dim() == rank and tensor.is_contiguous(memory_format=fmt):
+            return fmt
+    return None
 
 
 def _errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
@@ -179,13 +202,5 @@ def resample(inputs: Sequence[torch.Tensor], generator: torch.Generator) -> list
         else:
             low, high = (int(x.min()), int(x.max()) + 1) if x.numel() else (0, 1)
             y = torch.randint(low, high, x.shape, generator=generator, dtype=x.dtype)
-        fresh.append(y.to(memory_format=torch.channels_last) if _is_channels_last(x) else y)
+        fresh.append(y.contiguous(memory_format=memory_format(x) or torch.contiguous_format))
     return fresh
-
-
-def _is_channels_last(x: torch.Tensor) -> bool:
-    if x.is_contiguous():
-        return False
-    if x.dim() == 4:
-        return x.is_contiguous(memory_format=torch.channels_last)
-    return x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d)

@@ -8,7 +8,7 @@ import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager
 
 from openvino_backend import OpenvinoPartitioner
-from openvino_backend.verify import check_run, delegate_ids, lower, resample
+from openvino_backend.verify import check_run, declared_formats, delegate_ids, lower, resample
 
 # ExecuTorch's edge config with dim order turned off: copies are aten.clone.
 NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)
@@ -41,7 +41,7 @@ def execute_layer_test(
     generator = torch.Generator().manual_seed(1234)
     draw = list(inputs)
     for attempt in range(draws):
-        report = check_run(module, program.buffer, draw, terms=terms)
+        report = check_run(module, program.buffer, draw, terms=terms, formats=declared_formats(program))
         assert report.error is None, report.error
         assert not report.modified_inputs, f"run {attempt} modified inputs {report.modified_inputs}"
         for out in report.outputs:

@@ -1,0 +1,5 @@
+import sys
+
+from openvino_backend.cli import main
+
+sys.exit(main())

@@ -1,0 +1,347 @@
+"""``python -m openvino_backend``: verify, lower and probe from the command line.
+
+Exit codes: 0 success (all outputs match / no bug), 1 mismatch (or, for
+``probe``, the OpenVINO bug is present), 2 export refused, 3 bad usage or an
+unreadable model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn, TextIO
+
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from tabulate import tabulate
+
+from openvino_backend.diagnostics import OpenvinoExportError
+from openvino_backend.loader import LoadedModel, LoadError, load
+from openvino_backend.partitioner import OpenvinoPartitioner, PartitionReport
+from openvino_backend.precision import effective_dtype, inference_precision, openvino_version, unit_roundoff
+from openvino_backend.probe import probe
+from openvino_backend.verify import OutputCheck, check_run, declared_formats, lower_exported, resample
+
+EXIT_OK, EXIT_MISMATCH, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse would exit 2, which means "export refused" here
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="openvino-backend", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def model_options(sub: argparse.ArgumentParser, *, required: bool) -> None:
+        sub.add_argument(
+            "model",
+            nargs=None if required else "?",
+            help="a .pt2 file (torch.export.save), pkg.module:attr (an nn.Module, a factory, or "
+            "(module, inputs)), or a built-in example name; default: every built-in example",
+        )
+        sub.add_argument("--input-shape", action="append", default=[], metavar="D0,D1,..", help="once per input")
+        sub.add_argument("--dtype", action="append", default=[], help="once, or once per --input-shape")
+        sub.add_argument("--device", default="CPU", help="OpenVINO device (default CPU)")
+        sub.add_argument("--debug", action="store_true", help="tracebacks and library logs")
+
+    verify = commands.add_parser("verify", help="lower, run on the ExecuTorch runtime, compare with eager")
+    model_options(verify, required=False)
+    verify.add_argument("--draws", type=int, default=3, help="random input draws to run (default 3)")
+    verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    verify.add_argument("--output", type=Path, metavar="FILE.pte", help="also write the lowered program")
+
+    lower = commands.add_parser("lower", help="lower a model and write the .pte")
+    model_options(lower, required=True)
+    lower.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.pte")
+
+    probe_cmd = commands.add_parser("probe", help="does the installed OpenVINO return stale outputs? (no ExecuTorch)")
+    probe_cmd.add_argument("--device", default="CPU")
+    probe_cmd.add_argument("--json", action="store_true")
+    probe_cmd.add_argument("--debug", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_libraries(args.debug)
+    try:
+        if args.command == "probe":
+            return _probe(args)
+        if args.command == "lower":
+            return _lower(args)
+        return _verify(args)
+    except (LoadError, UsageError) as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _quiet_libraries(debug: bool) -> None:
+    logging.basicConfig(level=logging.INFO if debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    if not debug:
+        warnings.filterwarnings("ignore")
+
+
+@dataclass
+class ModelResult:
+    """Everything ``verify`` learned about one model."""
+
+    name: str
+    report: PartitionReport | None = None
+    refused: str | None = None
+    refused_kind: str | None = None
+    outputs: list[OutputCheck] = field(default_factory=list)
+    run_error: str | None = None
+    modified_inputs: list[int] = field(default_factory=list)
+    draws: int = 0
+
+    @property
+    def exit_code(self) -> int:
+        if self.refused is not None:
+            return EXIT_REFUSED
+        ok = self.run_error is None and not self.modified_inputs and all(o.ok for o in self.outputs)
+        return EXIT_OK if ok else EXIT_MISMATCH
+
+
+def _partitioner(device: str) -> OpenvinoPartitioner:
+    return OpenvinoPartitioner([CompileSpec("device", device.encode())])
+
+
+def _export(model: LoadedModel) -> torch.export.ExportedProgram:
+    return model.exported or torch.export.export(model.module, model.inputs)
+
+
+def _lower_one(model: LoadedModel, device: str, debug: bool) -> tuple[ModelResult, bytes | None, object]:
+    result = ModelResult(model.name)
+    partitioner = _partitioner(device)
+    try:
+        program = lower_exported(_export(model), partitioner=partitioner)
+    except OpenvinoExportError as error:
+        result.refused, result.refused_kind = str(error), type(error).__name__
+        return result, None, None
+    except Exception as error:  # torch.export / to_edge failures: still "export refused"
+        if debug:
+            traceback.print_exc()
+        result.refused = f"{type(error).__name__}: {error}"
+        result.refused_kind = type(error).__name__
+        return result, None, None
+    result.report = partitioner.report
+    return result, program.buffer, program
+
+
+def _verify(args: argparse.Namespace) -> int:
+    if args.draws < 1:
+        raise UsageError("--draws must be at least 1")
+    generator = torch.Generator().manual_seed(args.seed)
+    models = load(args.model, args.input_shape, args.dtype, generator)
+    results = []
+    for model in models:
+        result, buffer, program = _lower_one(model, args.device, args.debug)
+        if buffer is not None:
+            if args.output is not None:
+                _write(args.output if len(models) == 1 else _numbered(args.output, model.name), buffer)
+            _run_draws(result, model, buffer, declared_formats(program), args, generator)
+        results.append(result)
+    if args.json:
+        json.dump(_verify_json(results, args.device), sys.stdout, indent=2)
+        print()
+    else:
+        for result in results:
+            _print_result(result, args.device, sys.stdout)
+    return max(r.exit_code for r in results)
+
+
+def _run_draws(result: ModelResult, model: LoadedModel, buffer: bytes, formats, args, generator) -> None:
+    inputs: list[torch.Tensor] = list(model.inputs)
+    worst: dict[int, OutputCheck] = {}
+    progress = sys.stderr.isatty() and not args.json
+    for draw in range(args.draws):
+        if progress:
+            print(f"\r{model.name}: run {draw + 1}/{args.draws}", end="", file=sys.stderr, flush=True)
+        check = check_run(model.module, buffer, inputs, device=args.device, terms=model.terms, formats=formats)
+        result.draws += 1
+        if check.error is not None:
+            result.run_error = check.error
+            break
+        result.modified_inputs = sorted(set(result.modified_inputs) | set(check.modified_inputs))
+        for out in check.outputs:
+            previous = worst.get(out.index)
+            if previous is None or not out.ok or (previous.ok and out.max_abs > previous.max_abs):
+                worst[out.index] = out
+        inputs = resample(model.inputs, generator)
+    if progress:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    result.outputs = [worst[i] for i in sorted(worst)]
+
+
+def _numbered(path: Path, name: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    return path.with_name(f"{path.stem}-{safe}{path.suffix}")
+
+
+def _write(path: Path, buffer: bytes) -> None:
+    try:
+        path.write_bytes(buffer)
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror}") from error
+
+
+def _precision_line(device: str) -> str:
+    computed = effective_dtype(torch.float32, device)
+    u = unit_roundoff(computed)
+    name = str(computed).removeprefix("torch.")
+    how = "INFERENCE_PRECISION_HINT default" if computed != torch.float32 else "as the model"
+    return (
+        f"{device} computes float32 in {name} ({how}); tolerance per output: "
+        f"atol = 4·u·√terms·max(|expected|, 1), rtol = 4·u, u = {u:.2g}; integers and bools exactly"
+    )
+
+
+def _print_result(result: ModelResult, device: str, out: TextIO) -> None:
+    print(f"model: {result.name}", file=out)
+    if result.refused is not None:
+        print("  export refused:", file=out)
+        print("    " + result.refused.replace("\n", "\n    "), file=out)
+        return
+    _print_partitions(result.report, out)
+    print("  validation: passed (no partition output is fed by a partition input, converted and compiled)", file=out)
+    print(f"  precision: {_precision_line(device)}", file=out)
+    if result.run_error is not None:
+        print(f"  run failed: {result.run_error}", file=out)
+    else:
+        rows = [
+            (
+                o.index,
+                "x".join(map(str, o.shape)) or "scalar",
+                str(o.dtype).removeprefix("torch."),
+                f"{o.max_abs:.3g}",
+                f"{o.max_rel:.3g}",
+                f"{o.tolerance.atol:.2g} / {o.tolerance.rtol:.2g}",
+                _verdict(o),
+            )
+            for o in result.outputs
+        ]
+        headers = ("output", "shape", "dtype", "max abs err", "max rel err", "atol / rtol", "verdict")
+        print(f"  runs: {result.draws} input draws on executorch.runtime vs eager", file=out)
+        print("    " + tabulate(rows, headers=headers).replace("\n", "\n    "), file=out)
+    if result.modified_inputs:
+        print(f"  inputs modified by the program: {result.modified_inputs}", file=out)
+    verdict = {EXIT_OK: "all outputs match eager", EXIT_MISMATCH: "MISMATCH"}[result.exit_code]
+    print(f"  verdict: {verdict}\n", file=out)
+
+
+def _print_partitions(report: PartitionReport | None, out: TextIO) -> None:
+    if report is None:
+        return
+    print(f"  partitions: {report.partitions}, {report.delegated_nodes} nodes delegated to OpenVINO", file=out)
+    if report.kept_out:
+        print(f"  kept out of OpenVINO ({len(report.kept_out)}):", file=out)
+        for node, reason in report.kept_out:
+            where = f"  {node.source}  {node.source.code}" if node.source else ""
+            print(f"    {node.name} ({node.op}){where}\n      {reason}", file=out)
+
+
+def _verdict(output: OutputCheck) -> str:
+    if not output.values_ok:
+        return "MISMATCH"
+    return "match" if output.layout_ok else "MISMATCH (memory format)"
+
+
+def _verify_json(results: list[ModelResult], device: str) -> dict[str, object]:
+    computed = effective_dtype(torch.float32, device)
+    return {
+        "openvino_version": openvino_version(),
+        "device": device,
+        "inference_precision": str(inference_precision(device)).removeprefix("torch."),
+        "float32_computed_as": str(computed).removeprefix("torch."),
+        "exit_code": max(r.exit_code for r in results),
+        "models": [_model_json(r) for r in results],
+    }
+
+
+def _model_json(result: ModelResult) -> dict[str, object]:
+    report = result.report
+    return {
+        "name": result.name,
+        "exit_code": result.exit_code,
+        "refused": None if result.refused is None else {"error": result.refused_kind, "message": result.refused},
+        "partitions": None
+        if report is None
+        else {
+            "count": report.partitions,
+            "delegated_nodes": report.delegated_nodes,
+            "kept_out": [
+                {"node": n.name, "op": n.op, "source": str(n.source) if n.source else None, "reason": why}
+                for n, why in report.kept_out
+            ],
+        },
+        "draws": result.draws,
+        "run_error": result.run_error,
+        "modified_inputs": result.modified_inputs,
+        "outputs": [
+            {
+                "index": o.index,
+                "shape": list(o.shape),
+                "dtype": str(o.dtype).removeprefix("torch."),
+                "max_abs_error": o.max_abs,
+                "max_rel_error": o.max_rel,
+                "atol": o.tolerance.atol,
+                "rtol": o.tolerance.rtol,
+                "verdict": "match" if o.ok else "mismatch",
+            }
+            for o in result.outputs
+        ],
+    }
+
+
+def _lower(args: argparse.Namespace) -> int:
+    models = load(args.model, args.input_shape, args.dtype)
+    result, buffer, _ = _lower_one(models[0], args.device, args.debug)
+    if buffer is None:
+        print(f"model: {result.name}\n  export refused:\n    " + str(result.refused).replace("\n", "\n    "))
+        return EXIT_REFUSED
+    _write(args.output, buffer)
+    print(f"model: {result.name}")
+    _print_partitions(result.report, sys.stdout)
+    print(f"  wrote {args.output} ({len(buffer):,} bytes)")
+    return EXIT_OK
+
+
+def _probe(args: argparse.Namespace) -> int:
+    found = probe(args.device)
+    if args.json:
+        print(json.dumps(found.as_dict(), indent=2))
+    else:
+        print(f"OpenVINO {found.openvino_version} on {found.device}, a Result fed by its Parameter beside sin(x):")
+        print(f"  inputs bound first:  output stale: {_yes(found.stale_output)}, ", end="")
+        print(f"input overwritten: {_yes(found.input_overwritten)}")
+        print(f"  outputs bound first: correct: {_yes(found.outputs_first_ok)}")
+        if found.bug_present:
+            print("verdict: bug PRESENT: keep the partitioner's copy rule and the export-time validator")
+        else:
+            print("verdict: bug absent in this OpenVINO: the copy rule could be reconsidered")
+    return EXIT_MISMATCH if found.bug_present else EXIT_OK
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
