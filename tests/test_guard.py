@@ -34,7 +34,10 @@ def test_second_backend_class_is_refused() -> None:
 
 
 def test_package_never_imports_upstream_backend() -> None:
-    script = "import sys, openvino_backend.cli; print(any(m.startswith('executorch.backends.openvino') for m in sys.modules))"
+    script = (
+        "import sys, openvino_backend.cli, openvino_backend.verify, openvino_backend.probe\n"
+        "print(any(m.startswith('executorch.backends.openvino') for m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("False")
