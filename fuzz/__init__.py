@@ -1,0 +1,1 @@
+"""Hypothesis-driven search for graphs the OpenVINO backend gets wrong."""

@@ -1,0 +1,86 @@
+"""``python -m fuzz``: search for identity-like graphs the backend gets wrong.
+
+Prints a summary (graphs tried, ran and matched, rejected at export by error
+class, failures, graphs per second) and exits 1 if any graph failed; the
+failure is shrunk by hypothesis and printed as a runnable reproduction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+
+from hypothesis import given, seed, settings
+
+from fuzz.graphs import GraphSpec, graphs
+from fuzz.profiles import PROFILES
+from fuzz.properties import Outcome, check_lowering, check_validator
+
+
+class GraphFailure(AssertionError):
+    pass
+
+
+def run_property(
+    name: str, check: Callable[[GraphSpec], Outcome], examples: int | None, profile: str, seed_value: int | None
+) -> tuple[Counter, float, str | None]:
+    counts: Counter = Counter()
+    overrides = {"max_examples": examples} if examples else {}
+
+    @settings(settings.get_profile(profile), **overrides)
+    @given(graphs())
+    def prop(spec: GraphSpec) -> None:
+        outcome = check(spec)
+        counts["tried"] += 1
+        counts[outcome.kind if outcome.error_class is None else f"{outcome.kind}: {outcome.error_class}"] += 1
+        if outcome.kind == "failed":
+            raise GraphFailure(f"{outcome.error_class}: {outcome.detail}\n\nReproduction:\n\n{spec.repro()}")
+
+    if seed_value is not None:
+        prop = seed(seed_value)(prop)
+    start = time.perf_counter()
+    failure = None
+    try:
+        prop()
+    except GraphFailure as error:
+        failure = str(error)
+    return counts, time.perf_counter() - start, failure
+
+
+def summarize(name: str, counts: Counter, elapsed: float, failure: str | None) -> None:
+    tried = counts.pop("tried", 0)
+    print(f"== {name}: {tried} graphs in {elapsed:.1f} s ({tried / elapsed if elapsed else 0:.2f} graphs/s)")
+    for kind, n in sorted(counts.items()):
+        print(f"   {kind:40s} {n:6d}  ({100 * n / max(tried, 1):.1f}%)")
+    if failure:
+        print(f"   FAILED (shrunk):\n{failure}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__)
+    parser.add_argument("--examples", type=int, help="graphs per property (default: the profile's)")
+    parser.add_argument("--seed", type=int, help="hypothesis seed (the ci profile is derandomized already)")
+    parser.add_argument("--profile", choices=PROFILES, default="dev")
+    parser.add_argument("--property", choices=("lowering", "validator", "both"), default="both")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+    checks = {"lowering": check_lowering, "validator": check_validator}
+    selected = checks if args.property == "both" else {args.property: checks[args.property]}
+    failed = False
+    for name, check in selected.items():
+        counts, elapsed, failure = run_property(name, check, args.examples, args.profile, args.seed)
+        summarize(name, counts, elapsed, failure)
+        failed |= failure is not None
+    print("fuzz: FAILED" if failed else "fuzz: no failures")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""Identity-like graphs as data, the hypothesis strategy that draws them, and their source.
+
+A ``GraphSpec`` is a straight-line program over tensors: inputs, then steps
+that each apply one op to earlier values, then outputs chosen from any value.
+It renders to Python source, which is both what runs (compiled under a file
+name that diagnostics can point at) and the reproduction printed on failure.
+"""
+
+from __future__ import annotations
+
+import linecache
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
+
+import torch
+from hypothesis import strategies as st
+
+DTYPES = ("float32", "float16", "int64", "bool")
+
+
+@dataclass(frozen=True)
+class Value:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numeric(self) -> bool:
+        return self.dtype != "bool"
+
+    @property
+    def floating(self) -> bool:
+        return self.dtype.startswith("float")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op the generator may apply: where it applies, what it makes, how it reads."""
+
+    name: str
+    arity: int
+    applies: Callable[[tuple[Value, ...], bool], bool]
+    template: Callable[[tuple[str, ...], tuple[Value, ...], int], str]
+    result: Callable[[tuple[Value, ...], int], Value] = lambda vals, p: vals[0]
+    identity: bool = False
+    terms: Callable[[tuple[Value, ...], int], int] = lambda vals, p: 1
+
+
+def _any(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    return True
+
+
+def _ranked(minimum: int) -> Callable[[tuple[Value, ...], bool], bool]:
+    return lambda vals, dim_order: vals[0].rank >= minimum
+
+
+def _numeric(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    return vals[0].numeric
+
+
+def _floating(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    return vals[0].floating
+
+
+def _channels_last_ok(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    # ExecuTorch runs channels-last only with dim order on.
+    return dim_order and vals[0].rank == 4
+
+
+def _reducible(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    return vals[0].rank >= 1 and vals[0].numeric
+
+
+def _binary(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    a, b = vals
+    if a.dtype != b.dtype or not a.numeric:
+        return False
+    try:
+        torch.broadcast_shapes(a.shape, b.shape)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _broadcast(vals: tuple[Value, ...], p: int) -> Value:
+    return Value(tuple(torch.broadcast_shapes(vals[0].shape, vals[1].shape)), vals[0].dtype)
+
+
+def _dim(vals: tuple[Value, ...], p: int) -> int:
+    return p % vals[0].rank
+
+
+def _reduced(vals: tuple[Value, ...], p: int) -> Value:
+    shape = list(vals[0].shape)
+    shape[_dim(vals, p)] = 1
+    return Value(tuple(shape), vals[0].dtype)
+
+
+IDENTITY_OPS = (
+    Op("clone", 1, _any, lambda a, v, p: f"{a[0]}.clone()", identity=True),
+    Op("detach", 1, _any, lambda a, v, p: f"{a[0]}.detach()", identity=True),
+    Op("slice_all", 1, _ranked(1), lambda a, v, p: f"{a[0]}[:]", identity=True),
+    Op("slice_all_2d", 1, _ranked(2), lambda a, v, p: f"{a[0]}[:, :]", identity=True),
+    Op("view_same", 1, _any, lambda a, v, p: f"{a[0]}.view({v[0].shape})", identity=True),
+    Op("reshape_same", 1, _any, lambda a, v, p: f"{a[0]}.reshape({v[0].shape})", identity=True),
+    Op("permute_identity", 1, _ranked(1), lambda a, v, p: f"{a[0]}.permute({tuple(range(v[0].rank))})", identity=True),
+    Op("transpose_twice", 1, _ranked(2), lambda a, v, p: f"{a[0]}.transpose(0, -1).transpose(0, -1)", identity=True),
+    Op("to_same_dtype", 1, _any, lambda a, v, p: f"{a[0]}.to(torch.{v[0].dtype})", identity=True),
+    Op("contiguous", 1, _any, lambda a, v, p: f"{a[0]}.contiguous()", identity=True),
+    Op("expand_same", 1, _ranked(1), lambda a, v, p: f"{a[0]}.expand({v[0].shape})", identity=True),
+    Op("cat_one", 1, _ranked(1), lambda a, v, p: f"torch.cat([{a[0]}])", identity=True),
+    Op("unsqueeze_squeeze", 1, _any, lambda a, v, p: f"{a[0]}.unsqueeze(0).squeeze(0)", identity=True),
+    Op("narrow_full", 1, _ranked(1), lambda a, v, p: f"{a[0]}.narrow(0, 0, {v[0].shape[0]})", identity=True),
+    Op("mul_one", 1, _numeric, lambda a, v, p: f"{a[0]} * 1", identity=True),
+    Op("add_zero", 1, _numeric, lambda a, v, p: f"{a[0]} + 0", identity=True),
+    Op(
+        "clone_channels_last",
+        1,
+        _channels_last_ok,
+        lambda a, v, p: f"{a[0]}.clone(memory_format=torch.channels_last)",
+        identity=True,
+    ),
+    Op(
+        "to_channels_last",
+        1,
+        _channels_last_ok,
+        lambda a, v, p: f"{a[0]}.to(memory_format=torch.channels_last)",
+        identity=True,
+    ),
+)
+
+COMPUTE_OPS = (
+    Op("sin", 1, _floating, lambda a, v, p: f"torch.sin({a[0]})"),
+    Op("relu", 1, _floating, lambda a, v, p: f"torch.relu({a[0]})"),
+    Op("neg", 1, _numeric, lambda a, v, p: f"-{a[0]}"),
+    Op("abs", 1, _numeric, lambda a, v, p: f"torch.abs({a[0]})"),
+    Op("logical_not", 1, lambda v, d: v[0].dtype == "bool", lambda a, v, p: f"torch.logical_not({a[0]})"),
+    Op(
+        "sum_keepdim",
+        1,
+        _reducible,
+        lambda a, v, p: f"{a[0]}.sum(dim={_dim(v, p)}, keepdim=True)",
+        _reduced,
+        terms=lambda v, p: v[0].shape[_dim(v, p)],
+    ),
+    Op(
+        "mean_keepdim",
+        1,
+        lambda v, d: v[0].rank >= 1 and v[0].floating,
+        lambda a, v, p: f"{a[0]}.mean(dim={_dim(v, p)}, keepdim=True)",
+        _reduced,
+    ),
+    Op("amax_keepdim", 1, _reducible, lambda a, v, p: f"{a[0]}.amax(dim={_dim(v, p)}, keepdim=True)", _reduced),
+    Op("add", 2, _binary, lambda a, v, p: f"{a[0]} + {a[1]}", _broadcast),
+    Op("mul", 2, _binary, lambda a, v, p: f"{a[0]} * {a[1]}", _broadcast),
+)
+
+OPS = {op.name: op for op in IDENTITY_OPS + COMPUTE_OPS}
+
+
+@dataclass(frozen=True)
+class Input:
+    shape: tuple[int, ...]
+    dtype: str
+    channels_last: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    args: tuple[int, ...]
+    param: int = 0
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    inputs: tuple[Input, ...]
+    steps: tuple[Step, ...]
+    outputs: tuple[int, ...]
+    dim_order: bool = True
+    seed: int = 0
+    _values: tuple[Value, ...] = field(default=(), compare=False, repr=False)
+
+    def values(self) -> tuple[Value, ...]:
+        values = [Value(i.shape, i.dtype) for i in self.inputs]
+        for step in self.steps:
+            args = tuple(values[i] for i in step.args)
+            values.append(OPS[step.op].result(args, step.param))
+        return tuple(values)
+
+    def terms(self) -> int:
+        """The longest product of reduction lengths in the graph (for tolerances)."""
+        values = self.values()
+        product = 1
+        for step in self.steps:
+            product *= OPS[step.op].terms(tuple(values[i] for i in step.args), step.param)
+        return max(1, product)
+
+    def name(self, index: int) -> str:
+        return f"x{index}" if index < len(self.inputs) else f"v{index}"
+
+    def forward_source(self) -> str:
+        values = self.values()
+        params = ", ".join(self.name(i) for i in range(len(self.inputs)))
+        lines = ["class FuzzGraph(torch.nn.Module):", f"    def forward(self, {params}):"]
+        for offset, step in enumerate(self.steps):
+            index = len(self.inputs) + offset
+            args = tuple(self.name(i) for i in step.args)
+            vals = tuple(values[i] for i in step.args)
+            lines.append(f"        {self.name(index)} = {OPS[step.op].template(args, vals, step.param)}")
+        lines.append(f"        return ({', '.join(self.name(i) for i in self.outputs)},)")
+        return "\n".join(lines) + "\n"
+
+    def inputs_source(self) -> str:
+        lines = [f"generator = torch.Generator().manual_seed({self.seed})", "inputs = ("]
+        for spec in self.inputs:
+            make = {
+                "bool": f"torch.rand({spec.shape}, generator=generator) < 0.5",
+                "int64": f"torch.randint(-5, 6, {spec.shape}, generator=generator)",
+            }.get(spec.dtype, f"torch.randn({spec.shape}, generator=generator).to(torch.{spec.dtype})")
+            if spec.channels_last:
+                make = f"({make}).to(memory_format=torch.channels_last)"
+            lines.append(f"    {make},")
+        lines.append(")")
+        return "\n".join(lines) + "\n"
+
+    def repro(self) -> str:
+        config = "None" if self.dim_order else "EdgeCompileConfig(_skip_dim_order=True)"
+        return (
+            "import torch\n"
+            "from executorch.exir import EdgeCompileConfig\n"
+            "from openvino_backend.verify import check_run, lower\n\n\n"
+            f"{self.forward_source()}\n\n"
+            f"{self.inputs_source()}"
+            f"program = lower(FuzzGraph(), inputs, compile_config={config})\n"
+            "print(check_run(FuzzGraph(), program.buffer, inputs))\n"
+        )
+
+    def build(self) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        """The module (compiled from its source, so stack traces name real lines) and inputs."""
+        filename = f"<fuzz-graph-{next(_graph_ids)}>"
+        source = "import torch\n\n" + self.forward_source() + "\n" + self.inputs_source()
+        lines = source.splitlines(keepends=True)
+        linecache.cache[filename] = (len(source), None, lines, filename)
+        namespace: dict[str, object] = {}
+        exec(compile(source, filename, "exec"), namespace)
+        module = namespace["FuzzGraph"]()
+        return module, tuple(namespace["inputs"])
+
+
+_graph_ids = count()
+
+
+@st.composite
+def graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max_outputs: int = 3) -> GraphSpec:
+    dim_order = draw(st.booleans())
+    inputs = []
+    for _ in range(draw(st.integers(1, max_inputs))):
+        rank = draw(st.integers(1, 4))
+        shape = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+        dtype = draw(st.sampled_from(DTYPES))
+        channels_last = rank == 4 and dim_order and draw(st.booleans())
+        inputs.append(Input(shape, dtype, channels_last))
+    values = [Value(i.shape, i.dtype) for i in inputs]
+    steps = []
+    for _ in range(draw(st.integers(1, max_steps))):
+        # Identity-like ops are what this fuzzer is about: draw them more often.
+        pool = IDENTITY_OPS if draw(st.integers(0, 2)) else COMPUTE_OPS
+        first = draw(st.integers(0, len(values) - 1))
+        candidates = []
+        for op in pool:
+            if op.arity == 1:
+                args = (first,)
+            else:
+                partners = [j for j in range(len(values)) if op.applies((values[first], values[j]), dim_order)]
+                if not partners:
+                    continue
+                args = (first, partners[draw(st.integers(0, len(partners) - 1))])
+            if op.applies(tuple(values[i] for i in args), dim_order):
+                candidates.append((op, args))
+        if not candidates:
+            continue
+        op, args = candidates[draw(st.integers(0, len(candidates) - 1))]
+        param = draw(st.integers(0, 3))
+        steps.append(Step(op.name, args, param))
+        values.append(op.result(tuple(values[i] for i in args), param))
+    n_out = draw(st.integers(1, max_outputs))
+    # Prefer the newest values, so chains end in outputs, but allow any (inputs too).
+    outputs = tuple(draw(st.one_of(st.integers(0, len(values) - 1), st.just(len(values) - 1))) for _ in range(n_out))
+    seed = draw(st.integers(0, 2**16))
+    return GraphSpec(tuple(inputs), tuple(steps), outputs, dim_order, seed)
+
+
+def describe(spec: GraphSpec) -> str:
+    """One line: the ops in order, for summaries."""
+    ops = " ".join(step.op for step in spec.steps)
+    return f"{len(spec.inputs)} inputs, {ops or 'no ops'} -> {len(spec.outputs)} outputs (dim order {spec.dim_order})"

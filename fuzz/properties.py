@@ -1,0 +1,182 @@
+"""The two properties the fuzzer checks, each on one generated graph.
+
+``check_lowering``: lower with ``OpenvinoPartitioner`` and run on the stock
+ExecuTorch runtime. Either export raises an ``OpenvinoExportError``, or every
+output matches eager and no input is modified. Anything else is a failure.
+
+``check_validator``: with the partitioner's edge rules off, convert every
+partition and run it through OpenVINO's Python API in ExecuTorch's binding
+order (inputs, then outputs pre-filled with a sentinel). Any partition whose
+outputs come back stale (or whose inputs get overwritten) must be flagged by
+the validator: no false negatives.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+import openvino as ov
+import torch
+from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+
+from fuzz.graphs import GraphSpec
+from openvino_backend import OpenvinoExportError, OpenvinoPartitioner
+from openvino_backend.convert import convert
+from openvino_backend.precision import Tolerance
+from openvino_backend.preprocess import run_passes
+from openvino_backend.validate import find_passthroughs
+from openvino_backend.verify import check_run, declared_formats, lower, resample
+
+NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)
+SENTINEL = 1234.5
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # "matched", "rejected", "failed" (lowering); "flagged", "clean", "refused", "failed" (validator)
+    error_class: str | None = None
+    detail: str = ""
+
+
+def _config(spec: GraphSpec) -> EdgeCompileConfig | None:
+    return None if spec.dim_order else NO_DIM_ORDER
+
+
+def check_lowering(spec: GraphSpec, draws: int = 2) -> Outcome:
+    module, inputs = spec.build()
+    try:
+        program = lower(module, inputs, compile_config=_config(spec))
+    except OpenvinoExportError as error:
+        return Outcome("rejected", type(error).__name__, str(error))
+    except Exception as error:
+        return Outcome("failed", type(error).__name__, f"export raised:\n{traceback.format_exc(limit=-3)}{error}")
+    generator = torch.Generator().manual_seed(spec.seed)
+    formats = declared_formats(program)
+    draw = list(inputs)
+    for attempt in range(draws):
+        report = check_run(module, program.buffer, draw, terms=spec.terms(), formats=formats)
+        if not report.ok:
+            problems = [report.error] if report.error else []
+            problems += [f"input {i} was modified" for i in report.modified_inputs]
+            problems += [
+                f"output {o.index}: max abs error {o.max_abs:.3g} (tolerance {o.tolerance})"
+                + ("" if o.layout_ok else ", memory format differs")
+                for o in report.outputs
+                if not o.ok
+            ]
+            return Outcome("failed", "Mismatch", f"run {attempt}: " + "; ".join(problems))
+        draw = resample(inputs, generator)
+    return Outcome("matched")
+
+
+# --- the validator property -------------------------------------------------------------
+
+
+@dataclass
+class _PartitionProbe:
+    flagged: bool
+    stale: bool
+    refused: str | None = None
+
+
+_PROBES: list[_PartitionProbe] = []
+
+
+class FuzzProbeBackend(BackendDetails):
+    """Receives each partition in place of OpenvinoBackend and probes it; produces no blob."""
+
+    @staticmethod
+    def preprocess(edge_program, compile_specs) -> PreprocessResult:
+        _PROBES.append(probe_partition(edge_program))
+        return PreprocessResult(processed_bytes=b"")
+
+
+class _ProbePartitioner(Partitioner):
+    """OpenvinoPartitioner's partitions, without its edge rules, sent to FuzzProbeBackend."""
+
+    def __init__(self) -> None:
+        self.inner = OpenvinoPartitioner(boundary_rules=())
+        self.delegation_spec = DelegationSpec(FuzzProbeBackend.__name__, [])
+
+    def ops_to_not_decompose(self, ep):
+        return self.inner.ops_to_not_decompose(ep)
+
+    def partition(self, exported_program) -> PartitionResult:
+        result = self.inner.partition(exported_program)
+        result.partition_tags = {tag: self.delegation_spec for tag in result.partition_tags}
+        return result
+
+
+def _random_like(val: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
+    shape = tuple(val.shape)
+    if val.dtype == torch.bool:
+        return rng.random(shape) < 0.5
+    if val.dtype.is_floating_point:
+        return rng.standard_normal(shape).astype(str(val.dtype).removeprefix("torch."))
+    return rng.integers(-5, 6, shape).astype(str(val.dtype).removeprefix("torch."))
+
+
+def probe_partition(edge_program) -> _PartitionProbe:
+    graph_module = run_passes(edge_program).module()
+    try:
+        model = convert(graph_module)
+        compiled = ov.Core().compile_model(model, "CPU")
+    except OpenvinoExportError as error:
+        return _PartitionProbe(False, False, refused=type(error).__name__)
+    flagged = bool(find_passthroughs(model) or find_passthroughs(compiled.get_runtime_model()))
+
+    vals = [n.meta["val"] for n in graph_module.graph.find_nodes(op="placeholder")]
+    rng = np.random.default_rng(0)
+    arrays = [_random_like(v, rng) for v in vals]
+    with torch.no_grad():
+        expected = graph_module(*[torch.from_numpy(a.copy()) for a in arrays])
+    expected = [e for e in (expected if isinstance(expected, (list, tuple)) else [expected])]
+
+    request = compiled.create_infer_request()
+    given = [a.copy() for a in arrays]
+    for index, array in enumerate(given):  # ExecuTorch's order: inputs first...
+        request.set_input_tensor(index, ov.Tensor(array, shared_memory=True))
+    outputs = []
+    for index, want in enumerate(expected):  # ...then outputs, holding stale contents
+        buffer = np.full(tuple(want.shape), SENTINEL).astype(_np_dtype(want.dtype))
+        outputs.append(buffer)
+        request.set_output_tensor(index, ov.Tensor(buffer, shared_memory=True))
+    request.infer()
+
+    stale = any(not np.array_equal(a, b) for a, b in zip(given, arrays, strict=True))
+    for got, want in zip(outputs, expected, strict=True):
+        tolerance = Tolerance.for_output(want.dtype, terms=max(1, want.numel()), scale=max(1.0, _scale(want)))
+        stale |= not tolerance.check(torch.from_numpy(got), want.contiguous())
+    return _PartitionProbe(flagged, stale)
+
+
+def _np_dtype(dtype: torch.dtype) -> str:
+    return "bool" if dtype == torch.bool else str(dtype).removeprefix("torch.")
+
+
+def _scale(tensor: torch.Tensor) -> float:
+    if not tensor.numel() or not tensor.dtype.is_floating_point:
+        return 1.0
+    return float(tensor.abs().max())
+
+
+def check_validator(spec: GraphSpec) -> Outcome:
+    module, inputs = spec.build()
+    _PROBES.clear()
+    try:
+        exported = torch.export.export(module, inputs)
+        to_edge_transform_and_lower(exported, partitioner=[_ProbePartitioner()], compile_config=_config(spec))
+    except Exception as error:
+        return Outcome("failed", type(error).__name__, f"probing raised:\n{traceback.format_exc(limit=-3)}")
+    missed = [p for p in _PROBES if p.stale and not p.flagged]
+    if missed:
+        return Outcome("failed", "FalseNegative", f"{len(missed)} partition(s) returned stale outputs unflagged")
+    if any(p.flagged for p in _PROBES):
+        return Outcome("flagged")
+    if any(p.refused for p in _PROBES):
+        return Outcome("refused", next(p.refused for p in _PROBES if p.refused))
+    return Outcome("clean")
