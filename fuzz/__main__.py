@@ -14,12 +14,16 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 
 from hypothesis import given, seed, settings
 
 from fuzz.graphs import GraphSpec, graphs
 from fuzz.profiles import PROFILES
 from fuzz.properties import Outcome, check_lowering, check_validator
+from fuzz.speed import cache_cia_op_collection
+
+CHECKS: dict[str, Callable[[GraphSpec], Outcome]] = {"lowering": check_lowering, "validator": check_validator}
 
 
 class GraphFailure(AssertionError):
@@ -27,8 +31,11 @@ class GraphFailure(AssertionError):
 
 
 def run_property(
-    name: str, check: Callable[[GraphSpec], Outcome], examples: int | None, profile: str, seed_value: int | None
+    name: str, examples: int | None, profile: str, seed_value: int | None
 ) -> tuple[Counter, float, str | None]:
+    _quiet()
+    cache_cia_op_collection()
+    check = CHECKS[name]
     counts: Counter = Counter()
     overrides = {"max_examples": examples} if examples else {}
 
@@ -66,20 +73,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, help="graphs per property (default: the profile's)")
     parser.add_argument("--seed", type=int, help="hypothesis seed (the ci profile is derandomized already)")
     parser.add_argument("--profile", choices=PROFILES, default="dev")
-    parser.add_argument("--property", choices=("lowering", "validator", "both"), default="both")
+    parser.add_argument("--property", choices=(*CHECKS, "both"), default="both")
+    parser.add_argument("--jobs", type=int, default=2, help="properties run in parallel processes (default 2)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.ERROR)
-    warnings.filterwarnings("ignore")
+    _quiet()
 
-    checks = {"lowering": check_lowering, "validator": check_validator}
-    selected = checks if args.property == "both" else {args.property: checks[args.property]}
+    names = list(CHECKS) if args.property == "both" else [args.property]
+    jobs = [(name, args.examples, args.profile, args.seed) for name in names]
+    if args.jobs > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=min(args.jobs, len(jobs))) as pool:
+            results = list(pool.map(run_property, *zip(*jobs, strict=True)))
+    else:
+        results = [run_property(*job) for job in jobs]
     failed = False
-    for name, check in selected.items():
-        counts, elapsed, failure = run_property(name, check, args.examples, args.profile, args.seed)
+    for name, (counts, elapsed, failure) in zip(names, results, strict=True):
         summarize(name, counts, elapsed, failure)
         failed |= failure is not None
     print("fuzz: FAILED" if failed else "fuzz: no failures")
     return 1 if failed else 0
+
+
+def _quiet() -> None:
+    logging.basicConfig(level=logging.ERROR)
+    warnings.filterwarnings("ignore")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ _COMMON = {
     "print_blob": True,
 }
 
-settings.register_profile("ci", max_examples=80, derandomize=True, **_COMMON)
+settings.register_profile("ci", max_examples=200, derandomize=True, **_COMMON)
 settings.register_profile("dev", max_examples=300, **_COMMON)
 settings.register_profile("nightly", max_examples=3000, **_COMMON)
 

@@ -29,7 +29,7 @@ from openvino_backend.convert import convert
 from openvino_backend.precision import Tolerance
 from openvino_backend.preprocess import run_passes
 from openvino_backend.validate import find_passthroughs
-from openvino_backend.verify import check_run, declared_formats, lower, resample
+from openvino_backend.verify import check_run, declared_formats, lower, resample, run_program
 
 NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)
 SENTINEL = 1234.5
@@ -37,7 +37,9 @@ SENTINEL = 1234.5
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # "matched", "rejected", "failed" (lowering); "flagged", "clean", "refused", "failed" (validator)
+    # lowering: "matched", "rejected" (OpenvinoExportError), "skipped" (ExecuTorch alone fails), "failed"
+    # validator: "flagged", "clean", "refused" (OpenVINO cannot convert), "failed"
+    kind: str
     error_class: str | None = None
     detail: str = ""
 
@@ -53,12 +55,16 @@ def check_lowering(spec: GraphSpec, draws: int = 2) -> Outcome:
     except OpenvinoExportError as error:
         return Outcome("rejected", type(error).__name__, str(error))
     except Exception as error:
+        if (limitation := executorch_alone_fails(spec)) is not None:
+            return Outcome("skipped", "ExecuTorchLimitation", limitation)
         return Outcome("failed", type(error).__name__, f"export raised:\n{traceback.format_exc(limit=-3)}{error}")
     generator = torch.Generator().manual_seed(spec.seed)
     formats = declared_formats(program)
     draw = list(inputs)
     for attempt in range(draws):
         report = check_run(module, program.buffer, draw, terms=spec.terms(), formats=formats)
+        if report.error is not None and (limitation := executorch_alone_fails(spec)) is not None:
+            return Outcome("skipped", "ExecuTorchLimitation", limitation)
         if not report.ok:
             problems = [report.error] if report.error else []
             problems += [f"input {i} was modified" for i in report.modified_inputs]
@@ -71,6 +77,23 @@ def check_lowering(spec: GraphSpec, draws: int = 2) -> Outcome:
             return Outcome("failed", "Mismatch", f"run {attempt}: " + "; ".join(problems))
         draw = resample(inputs, generator)
     return Outcome("matched")
+
+
+def executorch_alone_fails(spec: GraphSpec) -> str | None:
+    """Why ExecuTorch cannot export or run ``spec`` with no delegate at all, or None.
+
+    Such a graph says nothing about this backend (ExecuTorch's portable
+    kernels reject ambiguous channels-last inputs with C = 1, for instance),
+    so it is counted as skipped rather than failed.
+    """
+    module, inputs = spec.build()
+    try:
+        exported = torch.export.export(module, inputs)
+        program = to_edge_transform_and_lower(exported, compile_config=_config(spec)).to_executorch()
+        run_program(program.buffer, [x.clone() for x in inputs])
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 # --- the validator property -------------------------------------------------------------
