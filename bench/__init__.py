@@ -1,0 +1,1 @@
+"""Benchmarks: what the safe backend costs in lowering and inference time."""

@@ -1,0 +1,252 @@
+"""``python -m bench [--quick]``: lowering and inference, ours vs ExecuTorch 1.5.1's OpenVINO backend.
+
+Lowering runs in two long-lived worker processes (one per backend; they can
+never share a process) and inference in this one, interleaved A B A B over
+several repetitions; tables give medians and the median of the pairwise
+ratios, with each program's max abs error against eager beside its timing.
+Plain OpenVINO (``openvino.convert_model`` + ``compile_model``, inputs bound
+before outputs, as the ExecuTorch runtime does) is the inference floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import torch
+from tabulate import tabulate
+
+from bench.models import MODELS, inputs_for
+from bench.scaling import time_proposal, time_rules, time_validation
+from openvino_backend.precision import inference_precision, openvino_version
+from openvino_backend.verify import flatten_outputs, runtime
+
+
+class Worker:
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        root = Path(__file__).resolve().parent.parent
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.worker", "--backend", backend],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        self.available = self._read() is not None
+
+    def _read(self) -> dict | None:
+        line = self.process.stdout.readline()
+        return json.loads(line) if line else None
+
+    def lower(self, model: str, out: Path) -> dict:
+        if not self.available:
+            return {"error": "worker did not start (for upstream: pip install -e '.[bench]' brings nncf)"}
+        self.process.stdin.write(json.dumps({"model": model, "out": str(out)}) + "\n")
+        self.process.stdin.flush()
+        return self._read() or {"error": "worker exited"}
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def _median_ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+def _max_error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    if len(actual) != len(expected):
+        return float("inf")
+    errors = [(a.double() - e.double()).abs().max().item() for a, e in zip(actual, expected, strict=True) if e.numel()]
+    return max(errors, default=0.0)
+
+
+class PteRunner:
+    def __init__(self, path: Path, inputs: tuple[torch.Tensor, ...]) -> None:
+        self.method = runtime().load_program(path.read_bytes()).load_method("forward")
+        self.inputs = list(inputs)
+
+    def __call__(self) -> list[torch.Tensor]:
+        return list(self.method.execute(self.inputs))
+
+
+class PlainOpenvino:
+    """The same model in plain OpenVINO, bound like the ExecuTorch runtime binds it."""
+
+    def __init__(self, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], expected: list[torch.Tensor]):
+        converted = ov.convert_model(model, example_input=inputs)
+        self.request = ov.Core().compile_model(converted, "CPU").create_infer_request()
+        self.inputs = [x.numpy().copy() for x in inputs]
+        self.outputs = [np.zeros(tuple(e.shape), dtype=e.numpy().dtype) for e in expected]
+
+    def __call__(self) -> list[torch.Tensor]:
+        for index, array in enumerate(self.inputs):
+            self.request.set_input_tensor(index, ov.Tensor(array, shared_memory=True))
+        for index, array in enumerate(self.outputs):
+            self.request.set_output_tensor(index, ov.Tensor(array, shared_memory=True))
+        self.request.infer()
+        return [torch.from_numpy(a.copy()) for a in self.outputs]
+
+
+def _latency(run, iterations: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iterations):
+        run()
+    return (time.perf_counter() - start) / iterations
+
+
+def bench_models(names: list[str], reps: int, iterations: int, workdir: Path) -> tuple[list, list, list]:
+    workers = {name: Worker(name) for name in ("ours", "upstream")}
+    lowering_rows, inference_rows, step_rows = [], [], []
+    try:
+        for model_name in names:
+            times: dict[str, list[float]] = {"ours": [], "upstream": []}
+            steps: list[dict] = []
+            errors: dict[str, str] = {}
+            paths = {b: workdir / f"{model_name}-{b}.pte" for b in workers}
+            for _ in range(reps):  # A B A B ...
+                for backend, worker in workers.items():
+                    reply = worker.lower(model_name, paths[backend])
+                    if "error" in reply:
+                        errors[backend] = reply["error"]
+                    else:
+                        times[backend].append(reply["seconds"])
+                        if backend == "ours":
+                            steps.append(reply["steps"])
+            lowering_rows.append(_lowering_row(model_name, times, errors))
+            if steps:
+                step_rows.append(_steps_row(model_name, steps))
+            inference_rows.append(_inference_row(model_name, paths, errors, reps, iterations))
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return lowering_rows, inference_rows, step_rows
+
+
+def _lowering_row(name: str, times: dict[str, list[float]], errors: dict[str, str]) -> tuple:
+    ours, upstream = times["ours"], times["upstream"]
+    ratio = f"{_median_ratio(ours, upstream):.2f}" if ours and len(ours) == len(upstream) else "-"
+    return (
+        name,
+        f"{statistics.median(ours):.2f}" if ours else errors.get("ours", "-"),
+        f"{statistics.median(upstream):.2f}" if upstream else errors.get("upstream", "-")[:60],
+        ratio,
+    )
+
+
+def _steps_row(name: str, steps: list[dict]) -> tuple:
+    def median(key: str) -> float:
+        return statistics.median(s.get(key, 0.0) for s in steps)
+
+    total = median("preprocess")
+    checks = median("validate_model") + median("validate_compiled") + median("check_edge_dim_orders")
+    return (
+        name,
+        f"{total * 1e3:.1f}",
+        f"{median('convert') * 1e3:.1f}",
+        f"{median('compile_model') * 1e3:.1f}",
+        f"{checks * 1e3:.2f}",
+        f"{100 * checks / total:.2f}%" if total else "-",
+    )
+
+
+def _inference_row(name: str, paths: dict[str, Path], errors: dict[str, str], reps: int, iterations: int) -> tuple:
+    spec = MODELS[name]
+    model, inputs = spec.build(), inputs_for(name)
+    with torch.no_grad():
+        expected = flatten_outputs(model(*inputs))
+    runners = {}
+    for backend in ("ours", "upstream"):
+        if backend not in errors and paths[backend].exists():
+            runners[backend] = PteRunner(paths[backend], inputs)
+    try:
+        runners["plain"] = PlainOpenvino(model, inputs, expected)
+    except Exception as error:  # plain conversion of a model is informative, never fatal
+        errors["plain"] = f"{type(error).__name__}"
+    accuracy = {b: _max_error(run(), expected) for b, run in runners.items()}
+    for run in runners.values():
+        for _ in range(3):
+            run()
+    latency: dict[str, list[float]] = {b: [] for b in runners}
+    for _ in range(reps):  # interleaved: ours, upstream, plain, ours, ...
+        for backend, run in runners.items():
+            latency[backend].append(_latency(run, iterations))
+
+    def cell(backend: str) -> str:
+        if backend not in latency:
+            return errors.get(backend, "-")[:40]
+        return f"{statistics.median(latency[backend]) * 1e3:.3f} (err {accuracy[backend]:.2g})"
+
+    def ratio(a: str, b: str) -> str:
+        return f"{_median_ratio(latency[a], latency[b]):.2f}" if a in latency and b in latency else "-"
+
+    return (name, cell("ours"), cell("upstream"), cell("plain"), ratio("ours", "upstream"), ratio("ours", "plain"))
+
+
+def bench_scaling(sizes: list[int], proposal_limit: int) -> list[tuple]:
+    rows, previous = [], None
+    for size in sizes:
+        proposal = time_proposal(size) if size <= proposal_limit else None
+        rules, validation = time_rules(size), time_validation(size)
+        growth = "" if previous is None else f"{rules / previous[0]:.1f}x / {validation / previous[1]:.1f}x"
+        rows.append(
+            (
+                f"{size:,}",
+                f"{proposal * 1e3:.0f}" if proposal is not None else "(quadratic in torch; skipped)",
+                f"{rules * 1e3:.2f}",
+                f"{validation * 1e3:.3f}",
+                growth,
+            )
+        )
+        previous = (rules, validation)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="two models, fewer repetitions, sizes up to 10k")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.ERROR)
+
+    names = ["copies", "robot-policy"] if args.quick else list(MODELS)
+    reps, iterations = (3, 20) if args.quick else (7, 100)
+    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"OpenVINO {openvino_version()} (CPU computes f32 as {inference_precision('CPU')}); "
+        f"torch {torch.__version__}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        lowering, inference, steps = bench_models(names, reps, iterations, Path(tmp))
+    print(f"\nLowering time, s (to_edge_transform_and_lower + to_executorch; median of {reps}, interleaved)")
+    print(tabulate(lowering, headers=("model", "ours", "upstream", "ours/upstream")))
+    print(f"\nInference latency, ms per call (median of {reps} x {iterations}), max abs error vs eager")
+    print(tabulate(inference, headers=("model", "ours", "upstream", "plain OpenVINO", "ours/upstream", "ours/plain")))
+    print("\nOur preprocess, ms per export (all partitions), and the share spent in our checks")
+    print(tabulate(steps, headers=("model", "preprocess", "convert", "compile", "checks", "checks share")))
+    print("\nGrowth with graph size: partitioning (torch proposal + our rules), our rules alone, validator")
+    print(
+        tabulate(bench_scaling(sizes), headers=("nodes", "partition ms", "rules ms", "validate ms", "growth per 10x"))
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
