@@ -119,10 +119,10 @@ class FuzzProbeBackend(BackendDetails):
 
 
 class _ProbePartitioner(Partitioner):
-    """OpenvinoPartitioner's partitions, without its edge rules, sent to FuzzProbeBackend."""
+    """OpenvinoPartitioner's partitions, without its edge rules or conversion check, sent to FuzzProbeBackend."""
 
     def __init__(self) -> None:
-        self.inner = OpenvinoPartitioner(boundary_rules=())
+        self.inner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False)
         self.delegation_spec = DelegationSpec(FuzzProbeBackend.__name__, [])
 
     def ops_to_not_decompose(self, ep):

@@ -14,10 +14,11 @@ Why each rule exists:
   input. Two outputs that are copies of one tensor name a single OpenVINO
   tensor, which the frontend refuses. Copies used only inside the partition
   stay: OpenVINO skips them harmlessly.
-* ``keep_non_default_dim_order_out``: the runtime binds every partition input
-  and output as a tensor of its logical sizes over its data pointer, so a
-  tensor in a non-default dim order would be read (or written) in the wrong
-  layout.
+* ``keep_non_default_dim_order_out`` (opt-in): the runtime binds every
+  partition input and output as a tensor of its logical sizes over its data
+  pointer. Preprocess adapts such tensors inside the ``ov.Model``
+  (``edge_layout.py``), so this rule is not needed for correctness; it is
+  there for users who would rather run layout changes on the CPU.
 * ``keep_unbindable_tensors_out``: the runtime maps only some scalar types to
   OpenVINO element types, and cannot bind 0-d tensors; either at the edge
   fails at run time.
@@ -239,8 +240,4 @@ def keep_unbindable_tensors_out(part: PartitionView) -> Iterator[Rejection]:
                 yield user, f"reads `{source.name}` from outside the partition, {why}"
 
 
-DEFAULT_RULES: tuple[BoundaryRule, ...] = (
-    keep_boundary_copies_out,
-    keep_non_default_dim_order_out,
-    keep_unbindable_tensors_out,
-)
+DEFAULT_RULES: tuple[BoundaryRule, ...] = (keep_boundary_copies_out, keep_unbindable_tensors_out)

@@ -21,6 +21,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 
 from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView
+from openvino_backend.conversion_check import keep_converted_passthroughs_out
 from openvino_backend.diagnostics import NodeRef, op_name
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.precision import warn_if_reduced
@@ -50,6 +51,9 @@ class OpenvinoPartitioner(Partitioner):
         boundary_rules: the partition-edge rules. The default set is what
             makes lowered programs correct; pass a subset only to test the
             export-time checks that back them up.
+        check_by_conversion: convert each proposed partition (no compile)
+            and keep out any node whose output OpenVINO would feed straight
+            from an input, whether or not its op is on the copy list.
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class OpenvinoPartitioner(Partitioner):
         op_names_to_skip: Collection[str] | None = None,
         *,
         boundary_rules: Sequence[BoundaryRule] = DEFAULT_RULES,
+        check_by_conversion: bool = True,
     ) -> None:
         ensure_sole_backend(OpenvinoBackend)
         self.compile_spec = list(compile_spec or [])
@@ -66,6 +71,7 @@ class OpenvinoPartitioner(Partitioner):
         self._op_types_to_skip = frozenset(op_types_to_skip or ())
         self._op_names_to_skip = frozenset(op_names_to_skip or ())
         self._boundary_rules = tuple(boundary_rules)
+        self._final_rules = (keep_converted_passthroughs_out,) if check_by_conversion else ()
         self.reporter = WhyNoPartitionReporter()
         self.report = PartitionReport()
 
@@ -112,18 +118,26 @@ class OpenvinoPartitioner(Partitioner):
             partitions = CapabilityBasedPartitioner(
                 program.graph_module, support, allows_single_node_partition=True
             ).propose_partitions()
-            rejected = {
-                node: reason
-                for partition in partitions
-                for rule in self._boundary_rules
-                for node, reason in rule(PartitionView(frozenset(partition.nodes), program))
-                if node not in excluded
-            }
+            partitions = [p for p in partitions if _has_compute(p)]
+            # The cheap FX rules first; conversion only once they are satisfied.
+            rejected = _apply(self._boundary_rules, partitions, program, excluded) or _apply(
+                self._final_rules, partitions, program, excluded
+            )
             if not rejected:
-                return [p for p in partitions if _has_compute(p)], support.rejected
+                return partitions, support.rejected
             for node, reason in rejected.items():
                 logger.info("keeping %s (%s) out of OpenVINO: %s", node.name, op_name(node), reason)
             excluded.update(rejected)
+
+
+def _apply(
+    rules: Sequence[BoundaryRule],
+    partitions: list[Partition],
+    program: ExportedProgram,
+    excluded: dict[torch.fx.Node, str],
+) -> dict[torch.fx.Node, str]:
+    views = [PartitionView(frozenset(p.nodes), program) for p in partitions]
+    return {node: reason for view in views for rule in rules for node, reason in rule(view) if node not in excluded}
 
 
 def _has_compute(partition: Partition) -> bool:

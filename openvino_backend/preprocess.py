@@ -2,8 +2,8 @@
 
 The pipeline, one named step each::
 
-    passes -> check edge dim orders -> convert -> validate -> compile
-           -> validate compiled -> export
+    edge dim orders -> passes -> convert -> validate -> adapt edge layouts
+        -> compile -> validate compiled -> export
 
 The class name must be exactly ``OpenvinoBackend``: the stock ExecuTorch
 runtime finds its C++ half by that name.
@@ -25,7 +25,7 @@ from torch.export import ExportedProgram
 
 from openvino_backend.boundary import non_default_dim_order
 from openvino_backend.convert import conversion_error, convert
-from openvino_backend.diagnostics import DimOrderError, Finding, NodeRef
+from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.passes import DecomposeFloorDividePass
 from openvino_backend.validate import validate_compiled, validate_model
@@ -61,10 +61,11 @@ class OpenvinoBackend(BackendDetails):
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         ensure_sole_backend(cls)
         options = CompileOptions.from_specs(compile_specs)
-        check_edge_dim_orders(edge_program, partition=options.partition)
+        input_orders, output_orders = edge_dim_orders(edge_program)
         graph_module = run_passes(edge_program).module()
         model = convert(graph_module, partition=options.partition)
         validate_model(model, graph_module, partition=options.partition)
+        adapt_edge_layouts(model, input_orders, output_orders, partition=options.partition)
         compiled = compile_model(model, options, graph_module)
         validate_compiled(compiled, graph_module, partition=options.partition)
         return PreprocessResult(processed_bytes=compiled.export_model().getvalue())
@@ -79,37 +80,24 @@ def run_passes(program: ExportedProgram) -> ExportedProgram:
     return program
 
 
-def check_edge_dim_orders(program: ExportedProgram, *, partition: int | None = None) -> None:
-    """Raise ``DimOrderError`` for partition inputs/outputs in a non-default dim order."""
+def edge_dim_orders(program: ExportedProgram) -> tuple[list[DimOrder | None], list[DimOrder | None]]:
+    """The dim order of each partition input and output whose layout is not contiguous.
+
+    Read from ``meta["val"]``, which is what ExecuTorch's tensor specs (and so
+    the runtime's tensors) are made from. Lifted constants are not runtime
+    inputs; they are skipped, as ``program.module()`` turns them into attributes.
+    """
     user_inputs = set(program.graph_signature.user_inputs)
-    findings = []
-    for node in program.graph.find_nodes(op="placeholder"):
-        order = non_default_dim_order(node.meta.get("val"))
-        if node.name in user_inputs and order is not None:
-            readers = tuple(NodeRef.from_node(user) for user in node.users)
-            findings.append(Finding(f"input `{node.name}` arrives in dim order {order}", readers))
+    inputs = [
+        non_default_dim_order(node.meta.get("val"))
+        for node in program.graph.find_nodes(op="placeholder")
+        if node.name in user_inputs
+    ]
     outputs = program.graph.output_node().args[0]
-    for index, node in enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
-        if isinstance(node, torch.fx.Node):
-            order = non_default_dim_order(node.meta.get("val"))
-            if order is not None:
-                findings.append(Finding(f"output {index} leaves in dim order {order}", (NodeRef.from_node(node),)))
-    if findings:
-        raise DimOrderError(
-            summary="a tensor crosses the partition edge in a non-default dim order",
-            findings=tuple(findings),
-            why=(
-                "the ExecuTorch OpenVINO runtime binds partition inputs and outputs by their logical\n"
-                "sizes over their data pointer, so a channels-last (or otherwise permuted) tensor\n"
-                "would be read or written in the wrong layout"
-            ),
-            fix=(
-                "OpenvinoPartitioner keeps such nodes out of partitions by default; if you passed\n"
-                "boundary_rules, include keep_non_default_dim_order_out. Otherwise make the tensor\n"
-                "contiguous before it reaches the delegated ops (e.g. .contiguous())."
-            ),
-            partition=partition,
-        )
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return inputs, [
+        non_default_dim_order(node.meta.get("val")) if isinstance(node, torch.fx.Node) else None for node in outputs
+    ]
 
 
 def compile_model(model: ov.Model, options: CompileOptions, graph_module: torch.fx.GraphModule) -> ov.CompiledModel:

@@ -1,0 +1,57 @@
+"""Find pass-throughs by converting proposed partitions, not only by the copy list.
+
+The copy list in ``boundary.py`` is the fast path; it is kept by hand. Before
+the partitioner commits, each proposed partition is converted with
+OpenVINO's frontend (no compile) and any output that comes straight from a
+Parameter names a node to keep out, whatever its op. Such nodes are
+reported with their op, so the list can learn from them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import torch
+from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
+from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
+
+from openvino_backend.boundary import PartitionView, Rejection
+from openvino_backend.convert import convert
+from openvino_backend.diagnostics import OpenvinoExportError, op_name
+from openvino_backend.validate import find_passthroughs
+
+logger = logging.getLogger(__name__)
+
+
+def partition_graph(part: PartitionView) -> tuple[torch.fx.GraphModule, tuple[torch.fx.Node, ...]]:
+    """A stand-alone copy of the partition's graph, and its outputs in the original graph."""
+    nodes = [node for node in part.program.graph.nodes if node in part.nodes]
+    graph_module, _, outputs = fuse_as_graphmodule(
+        part.program.graph_module, nodes, "openvino_partition", always_return_tuple=True
+    )
+    result = DimOrderOpsRevertPass()(graph_module)
+    if result is not None and result.graph_module is not None:
+        graph_module = result.graph_module
+    return graph_module, tuple(outputs)
+
+
+def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
+    """Outputs OpenVINO would feed straight from a Parameter, found by converting the partition."""
+    try:
+        graph_module, outputs = partition_graph(part)
+        model = convert(graph_module)
+    except (OpenvinoExportError, RuntimeError) as error:
+        # Preprocess converts again and explains the failure; nothing to learn here.
+        logger.debug("conversion check skipped a partition: %s", error)
+        return
+    for passthrough in find_passthroughs(model):
+        node = outputs[passthrough.output]
+        yield (
+            node,
+            (
+                f"OpenVINO {op_name(node)} converts to nothing here, so this output would be the partition's "
+                f"input `{passthrough.parameter_name}` unchanged (found by converting the partition; "
+                "not on the copy list: please report the op)"
+            ),
+        )

@@ -1,0 +1,55 @@
+"""Pass-throughs found by converting proposed partitions, whatever their op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openvino_backend import OpenvinoPartitioner, keep_unbindable_tensors_out
+from tests.harness import execute_layer_test
+
+COPIES = {
+    "clone": lambda x: x.clone(),
+    "detach": lambda x: x.detach(),
+    "full_slice": lambda x: x[:, :],
+    "clone_chain": lambda x: x.clone().clone(),
+}
+
+
+class CopyThenSin(torch.nn.Module):
+    def __init__(self, copy) -> None:
+        super().__init__()
+        self.copy = copy
+
+    def forward(self, x):
+        y = self.copy(x)
+        return y, torch.sin(y)
+
+
+@pytest.mark.parametrize("copy", COPIES.values(), ids=COPIES.keys())
+def test_copy_not_on_any_list_is_kept_out_by_conversion(copy) -> None:
+    # No copy list at all: every copy op here is "not on the list".
+    partitioner = OpenvinoPartitioner(boundary_rules=(keep_unbindable_tensors_out,))
+    execute_layer_test(CopyThenSin(copy), (torch.randn(4, 6),), partitioner=partitioner)
+    reasons = [(node.op, why) for node, why in partitioner.report.kept_out]
+    assert reasons, "the conversion check kept nothing out"
+    assert all("found by converting the partition" in why and op in why for op, why in reasons)
+    # Reported through ExecuTorch's reporter too, by node.
+    table = partitioner.reporter.get_table_report()
+    assert all(node.name[:20] in table for node, _ in partitioner.report.kept_out)
+
+
+class CopyOfOutput(torch.nn.Module):
+    def forward(self, x):
+        y = x.sin()
+        return y, y.clone()
+
+
+def test_conversion_check_also_handles_copies_of_outputs() -> None:
+    partitioner = OpenvinoPartitioner(boundary_rules=(keep_unbindable_tensors_out,))
+    # Two outputs naming one OpenVINO tensor fail conversion; the check cannot
+    # learn from that, so preprocess's explanation is what the user gets...
+    with pytest.raises(Exception, match="could not convert"):
+        execute_layer_test(CopyOfOutput(), (torch.randn(4, 4),), partitioner=partitioner)
+    # ...while the copy rule (the default) handles it.
+    execute_layer_test(CopyOfOutput(), (torch.randn(4, 4),))
