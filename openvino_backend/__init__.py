@@ -17,11 +17,12 @@ from openvino_backend.diagnostics import (
     ConversionError,
     DimOrderError,
     OpenvinoExportError,
+    OutputTypeError,
     PassthroughOutputError,
 )
 from openvino_backend.partitioner import OpenvinoPartitioner
 from openvino_backend.preprocess import OpenvinoBackend
-from openvino_backend.validate import find_passthroughs, validate_compiled, validate_model
+from openvino_backend.validate import find_passthroughs, validate_compiled, validate_model, validate_output_types
 
 __all__ = [
     "DEFAULT_RULES",
@@ -31,6 +32,7 @@ __all__ = [
     "OpenvinoBackend",
     "OpenvinoExportError",
     "OpenvinoPartitioner",
+    "OutputTypeError",
     "PassthroughOutputError",
     "find_passthroughs",
     "keep_boundary_copies_out",
@@ -38,4 +40,5 @@ __all__ = [
     "keep_unbindable_tensors_out",
     "validate_compiled",
     "validate_model",
+    "validate_output_types",
 ]

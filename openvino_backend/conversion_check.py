@@ -1,10 +1,11 @@
-"""Find pass-throughs by converting proposed partitions, not only by the copy list.
+"""Find pass-throughs (and mistyped outputs) by converting proposed partitions.
 
 The copy list in ``boundary.py`` is the fast path; it is kept by hand. Before
 the partitioner commits, each proposed partition is converted with
 OpenVINO's frontend (no compile) and any output that comes straight from a
-Parameter names a node to keep out, whatever its op. Such nodes are
-reported with their op, so the list can learn from them.
+Parameter names a node to keep out, whatever its op; so does an output
+OpenVINO types differently from PyTorch. Such nodes are reported with their
+op, so the list can learn from them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 from openvino_backend.boundary import PartitionView, Rejection
 from openvino_backend.convert import convert
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
-from openvino_backend.validate import find_passthroughs
+from openvino_backend.validate import find_passthroughs, find_type_mismatches
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,23 @@ def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
         yield (
             node,
             (
-                f"OpenVINO {op_name(node)} converts to nothing here, so this output would be the partition's "
+                f"OpenVINO converts {op_name(node)} to nothing here, so this output would be the partition's "
                 f"input `{passthrough.parameter_name}` unchanged (found by converting the partition; "
                 "not on the copy list: please report the op)"
             ),
         )
+    for mismatch in find_type_mismatches(model, [_dtype(node) for node in outputs]):
+        node = outputs[mismatch.output]
+        yield (
+            node,
+            (
+                f"OpenVINO computes {op_name(node)} in {mismatch.actual} where PyTorch gives "
+                f"{str(mismatch.expected).removeprefix('torch.')} (found by converting the partition): "
+                "values could differ and the runtime cannot bind it"
+            ),
+        )
+
+
+def _dtype(node: torch.fx.Node) -> torch.dtype | None:
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None

@@ -170,6 +170,13 @@ class PassthroughOutputError(OpenvinoExportError):
 
 
 @dataclass(eq=False)
+class OutputTypeError(OpenvinoExportError):
+    """OpenVINO computes a partition output in another element type than PyTorch."""
+
+    output_indices: tuple[int, ...] = ()
+
+
+@dataclass(eq=False)
 class DimOrderError(OpenvinoExportError):
     """A tensor crosses the partition edge in a dim order the runtime does not read."""
 

@@ -2,8 +2,8 @@
 
 The pipeline, one named step each::
 
-    edge dim orders -> passes -> convert -> validate -> adapt edge layouts
-        -> compile -> validate compiled -> export
+    edge dim orders -> passes -> convert -> validate (pass-throughs, output types)
+        -> adapt edge layouts -> compile -> validate compiled -> export
 
 The class name must be exactly ``OpenvinoBackend``: the stock ExecuTorch
 runtime finds its C++ half by that name.
@@ -28,7 +28,7 @@ from openvino_backend.convert import conversion_error, convert
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.passes import DecomposeFloorDividePass
-from openvino_backend.validate import validate_compiled, validate_model
+from openvino_backend.validate import validate_compiled, validate_model, validate_output_types
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class OpenvinoBackend(BackendDetails):
         graph_module = run_passes(edge_program).module()
         model = convert(graph_module, partition=options.partition)
         validate_model(model, graph_module, partition=options.partition)
+        validate_output_types(model, graph_module, partition=options.partition)
         adapt_edge_layouts(model, input_orders, output_orders, partition=options.partition)
         compiled = compile_model(model, options, graph_module)
         validate_compiled(compiled, graph_module, partition=options.partition)

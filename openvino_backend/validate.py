@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import openvino as ov
 import torch
+from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
-from openvino_backend.diagnostics import Finding, NodeRef, PassthroughOutputError
+from openvino_backend.diagnostics import Finding, NodeRef, OutputTypeError, PassthroughOutputError, op_name
 from openvino_backend.precision import openvino_version
 
 
@@ -53,6 +54,71 @@ def validate_model(
     passthroughs = find_passthroughs(model)
     if passthroughs:
         raise passthrough_error(passthroughs, graph_module, partition=partition, stage=stage)
+
+
+@dataclass(frozen=True)
+class TypeMismatch:
+    """Result ``output`` has element type ``actual``; ExecuTorch's tensor is ``expected``."""
+
+    output: int
+    actual: str
+    expected: torch.dtype
+
+
+def output_nodes(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    outputs = graph_module.graph.output_node().args[0]
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def find_type_mismatches(model: ov.Model, dtypes: list[torch.dtype | None]) -> list[TypeMismatch]:
+    """Results whose element type is not the dtype PyTorch gives that output.
+
+    Such a Result fails to bind at run time (error 0x1), and the difference
+    means OpenVINO computed it in another type (``cumsum`` of bools in i8,
+    overflowing past 127), so converting the Result would hide wrong values.
+    """
+    found = []
+    for index, (result, dtype) in enumerate(zip(model.get_results(), dtypes, strict=True)):
+        if dtype is None:
+            continue
+        actual = result.input_value(0).get_element_type()
+        if actual != pt_to_ov_type_map[str(dtype)]:
+            found.append(TypeMismatch(index, actual.to_string(), dtype))
+    return found
+
+
+def validate_output_types(model: ov.Model, graph_module: torch.fx.GraphModule, *, partition: int | None = None) -> None:
+    """Raise ``OutputTypeError`` for every output OpenVINO types differently from PyTorch."""
+    nodes = output_nodes(graph_module)
+    mismatches = find_type_mismatches(model, [_dtype(n) for n in nodes])
+    if not mismatches:
+        return
+    ops = sorted({op_name(nodes[m.output]) for m in mismatches})
+    raise OutputTypeError(
+        summary=f"{len(mismatches)} output(s) would have another element type than in PyTorch",
+        findings=tuple(
+            Finding(
+                f"output {m.output}: OpenVINO computes {m.actual}, PyTorch {str(m.expected).removeprefix('torch.')}",
+                (NodeRef.from_node(nodes[m.output]),),
+            )
+            for m in mismatches
+        ),
+        why=(
+            f"OpenVINO {openvino_version()} infers another type for {', '.join(ops)}; the runtime cannot\n"
+            "bind such an output, and the values may differ (overflow in a narrower type)"
+        ),
+        fix=(
+            "the partitioner's conversion check should keep this op out; please report it. Until then:\n"
+            f"OpenvinoPartitioner(compile_spec, op_types_to_skip={{{', '.join(repr(o) for o in ops)}}})"
+        ),
+        partition=partition,
+        output_indices=tuple(m.output for m in mismatches),
+    )
+
+
+def _dtype(node: object) -> torch.dtype | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def validate_compiled(
@@ -112,9 +178,8 @@ def _finding(passthrough: Passthrough, graph_module: torch.fx.GraphModule | None
     message = f"output {passthrough.output} is input `{name}` unchanged"
     if graph_module is None:
         return Finding(message)
-    outputs = torch.fx.node.map_aggregate(graph_module.graph.output_node().args[0], lambda n: n)
-    flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    return Finding(message, tuple(NodeRef.from_node(n) for n in _path_to_input(flat[passthrough.output])))
+    node = output_nodes(graph_module)[passthrough.output]
+    return Finding(message, tuple(NodeRef.from_node(n) for n in _path_to_input(node)))
 
 
 def _path_to_input(node: torch.fx.Node) -> list[torch.fx.Node]:

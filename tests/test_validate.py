@@ -12,7 +12,13 @@ import pytest
 import torch
 
 import openvino_backend.preprocess as preprocess
-from openvino_backend import OpenvinoPartitioner, PassthroughOutputError, validate_compiled, validate_model
+from openvino_backend import (
+    OpenvinoPartitioner,
+    OutputTypeError,
+    PassthroughOutputError,
+    validate_compiled,
+    validate_model,
+)
 from openvino_backend.precision import inference_precision
 from openvino_backend.verify import check_run, lower
 from tests.harness import NO_DIM_ORDER, execute_layer_test
@@ -120,3 +126,20 @@ def test_integer_partitions_are_not_warned_about(caplog) -> None:
 class IntOnly(torch.nn.Module):
     def forward(self, x: torch.Tensor):
         return x * 3 + 1
+
+
+class CumsumOfBools(torch.nn.Module):
+    def forward(self, x: torch.Tensor):
+        return torch.cumsum(x > 0, 0)  # typed as boolean by OpenVINO, int64 by PyTorch
+
+
+def test_safety_net_refuses_an_output_openvino_types_differently() -> None:
+    partitioner = OpenvinoPartitioner(check_by_conversion=False)
+    with pytest.raises(OutputTypeError) as caught:
+        lower(CumsumOfBools(), (torch.rand(300),), partitioner=partitioner)
+    error = caught.value
+    assert error.output_indices == (0,)
+    assert error.ops == ("aten.cumsum.default",)
+    text = str(error)
+    assert "PyTorch int64" in text and "torch.cumsum(x > 0, 0)" in text
+    assert "op_types_to_skip={'aten.cumsum.default'}" in text
