@@ -20,8 +20,9 @@ Why each rule exists:
   (``edge_layout.py``), so this rule is not needed for correctness; it is
   there for users who would rather run layout changes on the CPU.
 * ``keep_unbindable_tensors_out``: the runtime maps only some scalar types to
-  OpenVINO element types, and cannot bind 0-d tensors; either at the edge
-  fails at run time.
+  OpenVINO element types, cannot bind 0-d tensors, and never resizes an
+  output of dynamic shape; any of these at the edge fails (or returns the
+  wrong shape) at run time.
 """
 
 from __future__ import annotations
@@ -225,10 +226,18 @@ def unbindable(val: object) -> str | None:
     return None
 
 
+def _dynamic_output(val: object) -> str | None:
+    if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
+        # ExecuTorch plans a dynamic output at its upper bound and the OpenVINO
+        # runtime never resizes it: the program would return the wrong shape.
+        return f"a tensor of dynamic shape {tuple(val.shape)}, which the OpenVINO runtime does not resize"
+    return None
+
+
 def keep_unbindable_tensors_out(part: PartitionView) -> Iterator[Rejection]:
-    """Every tensor at the edge must be one the runtime can bind (dtype, rank)."""
+    """Every tensor at the edge must be one the runtime can bind (dtype, rank, static output size)."""
     for node in part.outputs():
-        why = unbindable(_val(node))
+        why = unbindable(_val(node)) or _dynamic_output(_val(node))
         if why is not None:
             yield node, f"result leaves the partition as {why}"
     for source in part.inputs():

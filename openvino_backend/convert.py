@@ -28,7 +28,9 @@ def input_signature(graph_module: torch.fx.GraphModule) -> list[tuple[ov.Type, o
     for node in graph_module.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            signature.append((pt_to_ov_type_map[str(val.dtype)], ov.PartialShape(list(val.shape))))
+            # A symbolic size (dynamic shape) stays dynamic; the runtime binds the real one per call.
+            dims = [d if isinstance(d, int) else -1 for d in val.shape]
+            signature.append((pt_to_ov_type_map[str(val.dtype)], ov.PartialShape(dims)))
         else:  # a SymInt / int input: the runtime binds it as i64[1]
             signature.append((ov.Type.i64, ov.PartialShape([1])))
     return signature

@@ -18,7 +18,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as opset
 
-from openvino_backend.diagnostics import DimOrderError
+from openvino_backend.diagnostics import DimOrderError, Finding, NodeRef
 
 DimOrder = tuple[int, ...]
 
@@ -30,10 +30,11 @@ def inverse(order: DimOrder) -> DimOrder:
     return tuple(result)
 
 
-def _static_shape(what: str, shape: ov.PartialShape, partition: int | None) -> list[int]:
+def _static_shape(what: str, shape: ov.PartialShape, partition: int | None, nodes: tuple[NodeRef, ...]) -> list[int]:
     if not shape.is_static:
         raise DimOrderError(
             summary=f"{what} has a non-default dim order and a dynamic shape {shape}",
+            findings=(Finding(f"{what} is used here", nodes),) if nodes else (),
             why="the layout is adapted by reshaping to the physical sizes, which must be known at export",
             fix="export with static shapes, or make the tensor contiguous before the delegated ops",
             partition=partition,
@@ -51,13 +52,20 @@ def adapt_edge_layouts(
     output_orders: Sequence[DimOrder | None],
     *,
     partition: int | None = None,
+    input_nodes: Sequence[tuple[NodeRef, ...]] = (),
+    output_nodes: Sequence[tuple[NodeRef, ...]] = (),
 ) -> bool:
-    """Rewrite ``model`` in place; ``None`` marks a tensor in the default order. True if changed."""
+    """Rewrite ``model`` in place; ``None`` marks a tensor in the default order. True if changed.
+
+    ``input_nodes`` / ``output_nodes`` (the FX nodes reading each input and
+    making each output) only serve to point an error at the user's code.
+    """
     changed = False
     for index, (parameter, order) in enumerate(zip(model.get_parameters(), input_orders, strict=True)):
         if order is None:
             continue
-        logical = _static_shape(f"input {index}", parameter.get_partial_shape(), partition)
+        nodes = input_nodes[index] if index < len(input_nodes) else ()
+        logical = _static_shape(f"input {index}", parameter.get_partial_shape(), partition, nodes)
         readers = list(parameter.output(0).get_target_inputs())
         physical = opset.reshape(parameter, _ints([logical[d] for d in order]), special_zero=False)
         view = opset.transpose(physical, _ints(inverse(order)))
@@ -68,7 +76,8 @@ def adapt_edge_layouts(
         if order is None:
             continue
         source = result.input_value(0)
-        logical = _static_shape(f"output {index}", source.get_partial_shape(), partition)
+        nodes = output_nodes[index] if index < len(output_nodes) else ()
+        logical = _static_shape(f"output {index}", source.get_partial_shape(), partition, nodes)
         physical = opset.transpose(source, _ints(order))
         result.input(0).replace_source_output(opset.reshape(physical, _ints(logical), special_zero=False).output(0))
         changed = True

@@ -25,10 +25,11 @@ from torch.export import ExportedProgram
 
 from openvino_backend.boundary import non_default_dim_order
 from openvino_backend.convert import conversion_error, convert
+from openvino_backend.diagnostics import NodeRef
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.passes import DecomposeFloorDividePass
-from openvino_backend.validate import validate_compiled, validate_model, validate_output_types
+from openvino_backend.validate import output_nodes, validate_compiled, validate_model, validate_output_types
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,15 @@ class OpenvinoBackend(BackendDetails):
         model = convert(graph_module, partition=options.partition)
         validate_model(model, graph_module, partition=options.partition)
         validate_output_types(model, graph_module, partition=options.partition)
-        adapt_edge_layouts(model, input_orders, output_orders, partition=options.partition)
+        readers, writers = edge_nodes(graph_module)
+        adapt_edge_layouts(
+            model,
+            input_orders,
+            output_orders,
+            partition=options.partition,
+            input_nodes=readers,
+            output_nodes=writers,
+        )
         compiled = compile_model(model, options, graph_module)
         validate_compiled(compiled, graph_module, partition=options.partition)
         return PreprocessResult(processed_bytes=compiled.export_model().getvalue())
@@ -99,6 +108,18 @@ def edge_dim_orders(program: ExportedProgram) -> tuple[list[DimOrder | None], li
     return inputs, [
         non_default_dim_order(node.meta.get("val")) if isinstance(node, torch.fx.Node) else None for node in outputs
     ]
+
+
+def edge_nodes(graph_module: torch.fx.GraphModule) -> tuple[list[tuple[NodeRef, ...]], list[tuple[NodeRef, ...]]]:
+    """For each partition input the nodes reading it, for each output the node making it."""
+    readers = [
+        tuple(NodeRef.from_node(user) for user in node.users)
+        for node in graph_module.graph.find_nodes(op="placeholder")
+    ]
+    writers = [
+        (NodeRef.from_node(node),) if isinstance(node, torch.fx.Node) else () for node in output_nodes(graph_module)
+    ]
+    return readers, writers
 
 
 def compile_model(model: ov.Model, options: CompileOptions, graph_module: torch.fx.GraphModule) -> ov.CompiledModel:
