@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--input-shape", action="append", default=[], metavar="D0,D1,..", help="once per input")
         sub.add_argument("--dtype", action="append", default=[], help="once, or once per --input-shape")
         sub.add_argument("--device", default="CPU", help="OpenVINO device (default CPU)")
+        sub.add_argument(
+            "--no-conversion-check",
+            action="store_true",
+            help="skip converting proposed partitions while partitioning (faster; the copy list and the "
+            "export-time checks still apply, so what they miss is refused instead of kept out)",
+        )
         sub.add_argument("--debug", action="store_true", help="tracebacks and library logs")
 
     verify = commands.add_parser("verify", help="lower, run on the ExecuTorch runtime, compare with eager")
@@ -119,24 +125,26 @@ class ModelResult:
         return EXIT_OK if ok else EXIT_MISMATCH
 
 
-def _partitioner(device: str) -> OpenvinoPartitioner:
-    return OpenvinoPartitioner([CompileSpec("device", device.encode())])
+def _partitioner(args: argparse.Namespace) -> OpenvinoPartitioner:
+    return OpenvinoPartitioner(
+        [CompileSpec("device", args.device.encode())], check_by_conversion=not args.no_conversion_check
+    )
 
 
 def _export(model: LoadedModel) -> torch.export.ExportedProgram:
     return model.exported or torch.export.export(model.module, model.inputs)
 
 
-def _lower_one(model: LoadedModel, device: str, debug: bool) -> tuple[ModelResult, bytes | None, object]:
+def _lower_one(model: LoadedModel, args: argparse.Namespace) -> tuple[ModelResult, bytes | None, object]:
     result = ModelResult(model.name)
-    partitioner = _partitioner(device)
+    partitioner = _partitioner(args)
     try:
         program = lower_exported(_export(model), partitioner=partitioner)
     except OpenvinoExportError as error:
         result.refused, result.refused_kind = str(error), type(error).__name__
         return result, None, None
     except Exception as error:  # torch.export / to_edge failures: still "export refused"
-        if debug:
+        if args.debug:
             traceback.print_exc()
         result.refused = f"{type(error).__name__}: {error}"
         result.refused_kind = type(error).__name__
@@ -152,7 +160,7 @@ def _verify(args: argparse.Namespace) -> int:
     models = load(args.model, args.input_shape, args.dtype, generator)
     results = []
     for model in models:
-        result, buffer, program = _lower_one(model, args.device, args.debug)
+        result, buffer, program = _lower_one(model, args)
         if buffer is not None:
             if args.output is not None:
                 _write(args.output if len(models) == 1 else _numbered(args.output, model.name), buffer)
@@ -312,7 +320,7 @@ def _model_json(result: ModelResult) -> dict[str, object]:
 
 def _lower(args: argparse.Namespace) -> int:
     models = load(args.model, args.input_shape, args.dtype)
-    result, buffer, _ = _lower_one(models[0], args.device, args.debug)
+    result, buffer, _ = _lower_one(models[0], args)
     if buffer is None:
         print(f"model: {result.name}\n  export refused:\n    " + str(result.refused).replace("\n", "\n    "))
         return EXIT_REFUSED

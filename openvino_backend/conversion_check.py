@@ -18,7 +18,7 @@ from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from openvino_backend.boundary import PartitionView, Rejection
-from openvino_backend.convert import convert
+from openvino_backend.convert import convert, failed_node_names
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
 from openvino_backend.validate import find_passthroughs, find_type_mismatches
 
@@ -42,9 +42,15 @@ def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
     try:
         graph_module, outputs = partition_graph(part)
         model = convert(graph_module)
-    except (OpenvinoExportError, RuntimeError) as error:
-        # Preprocess converts again and explains the failure; nothing to learn here.
-        logger.debug("conversion check skipped a partition: %s", error)
+    except OpenvinoExportError as error:
+        # OpenVINO names the ops it could not convert by their FX node names:
+        # keep those out. Otherwise preprocess converts again and explains.
+        failed = set(failed_node_names(" ".join(error.notes)))
+        for node in part.nodes:
+            if node.name in failed:
+                yield node, f"OpenVINO cannot convert this {op_name(node)}: {error.why.split(': ', 1)[-1]}"
+        if not failed:
+            logger.debug("conversion check could not convert a partition: %s", error)
         return
     for passthrough in find_passthroughs(model):
         node = outputs[passthrough.output]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from functools import lru_cache
 
 import openvino as ov
@@ -55,19 +56,35 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
     return model
 
 
+_FAILED_NODE = re.compile(r"conversion of operation ([^/\s]+)/")
+_FAILED_OPS = re.compile(r"Conversion is failed for: (.+)")
+
+
+def failed_node_names(message: str) -> list[str]:
+    """FX node names OpenVINO's frontend reports it could not convert (friendly names carry them)."""
+    return list(dict.fromkeys(_FAILED_NODE.findall(message)))
+
+
 def conversion_error(
     what: str, graph_module: torch.fx.GraphModule, partition: int | None, error: BaseException
 ) -> ConversionError:
-    nodes = tuple(NodeRef.from_node(n) for n in graph_module.graph.nodes if n.op == "call_function")
-    detail = _summarize(str(error))
+    message = str(error)
+    calls = [n for n in graph_module.graph.nodes if n.op == "call_function"]
+    failed = set(failed_node_names(message))
+    culprits = [n for n in calls if n.name in failed]
+    nodes = tuple(NodeRef.from_node(n) for n in culprits or calls)
+    reported = {op for match in _FAILED_OPS.findall(message) for op in match.split(", ")}
+    ops = sorted(reported | {n.op for n in nodes if culprits})
+    skip = ", ".join(repr(o) for o in ops) or repr("<op>")
+    detail = _summarize(message)
     return ConversionError(
-        summary=f"{what} this partition ({len(nodes)} ops)",
-        findings=(Finding("the partition's ops, in order:", nodes),),
+        summary=f"{what} this partition ({len(calls)} ops)",
+        findings=(Finding("OpenVINO failed on:" if culprits else "the partition's ops, in order:", nodes),),
         why=f"OpenVINO {openvino_version()} reported: {detail}",
         fix=(
-            "keep the op OpenVINO rejects out of the partition, e.g.\n"
-            "OpenvinoPartitioner(compile_spec, op_types_to_skip={'<op>'}), and please report it\n"
-            "with the full message below (run with logging at DEBUG for the graph)"
+            "keep the op OpenVINO rejects out of the partition:\n"
+            f"OpenvinoPartitioner(compile_spec, op_types_to_skip={{{skip}}})\n"
+            "and please report it with the full message below"
         ),
         partition=partition,
         notes=(str(error).strip(),),
@@ -75,9 +92,9 @@ def conversion_error(
 
 
 def _summarize(message: str) -> str:
-    """OpenVINO's own words (last line) and the check that failed (first ``Check`` line)."""
+    """OpenVINO's own explanation: the frontend's line if it gave one, else its last line."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     if not lines:
         return "(no message)"
-    check = next((line for line in lines if line.startswith("Check ")), None)
-    return f"{lines[-1]}\n({check})" if check and check != lines[-1] else lines[-1]
+    frontend = [line for line in lines if line.startswith("[PyTorch Frontend]")]
+    return frontend[-1] if frontend else lines[-1]

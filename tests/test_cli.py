@@ -49,7 +49,7 @@ class CopyLeaves(torch.nn.Module):
         return y, y.cos()
 
 
-class Refused(torch.nn.Module):
+class Unconvertible(torch.nn.Module):
     def forward(self, x):
         return F.avg_pool2d(x, 3, 1, 1, divisor_override=2)  # OpenVINO cannot convert this
 
@@ -66,13 +66,22 @@ def test_verify_pt2_with_a_copy_leaving(tmp_path, capsys) -> None:
     assert "copy of partition input `x`" in out
 
 
+def test_unconvertible_op_is_kept_out_and_the_model_runs(tmp_path, capsys) -> None:
+    path = _save(Unconvertible(), (torch.randn(1, 1, 8, 8),), tmp_path / "pool.pt2")
+    code, out, _ = _run(["verify", str(path), "--draws", "1"], capsys)
+    assert code == EXIT_OK, out
+    assert "OpenVINO cannot convert this aten.avg_pool2d.default" in out
+    assert "divisor_override input" in out  # OpenVINO's own reason
+
+
 def test_verify_refused_export_names_op_and_line(tmp_path, capsys) -> None:
-    path = _save(Refused(), (torch.randn(1, 1, 8, 8),), tmp_path / "refused.pt2")
-    code, out, _ = _run(["verify", str(path)], capsys)
+    path = _save(Unconvertible(), (torch.randn(1, 1, 8, 8),), tmp_path / "pool.pt2")
+    code, out, _ = _run(["verify", str(path), "--no-conversion-check"], capsys)
     assert code == EXIT_REFUSED
     assert "export refused" in out
-    assert "aten.avg_pool2d.default" in out
+    assert "OpenVINO failed on:" in out and "aten.avg_pool2d.default" in out
     assert "divisor_override=2" in out  # the user's source line
+    assert "op_types_to_skip={'aten.avg_pool2d.default'}" in out
 
 
 def test_lower_writes_a_program_the_runtime_runs(tmp_path, capsys) -> None:
