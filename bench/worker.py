@@ -63,7 +63,7 @@ def _instrument_preprocess(totals: dict[str, float]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", choices=("ours", "upstream"), required=True)
+    parser.add_argument("--backend", choices=("ours", "ours-no-check", "upstream"), required=True)
     args = parser.parse_args()
     out = _protocol_stream()
     warnings.filterwarnings("ignore")
@@ -76,10 +76,14 @@ def main() -> int:
     from bench.models import MODELS, inputs_for
 
     steps: dict[str, float] = defaultdict(float)
-    if args.backend == "ours":
+    if args.backend.startswith("ours"):
+        import functools
+
         from openvino_backend import OpenvinoPartitioner
 
         _instrument_preprocess(steps)
+        if args.backend == "ours-no-check":  # what conversion-aware partitioning costs
+            OpenvinoPartitioner = functools.partial(OpenvinoPartitioner, check_by_conversion=False)
     else:
         from executorch.backends.openvino import OpenvinoPartitioner
     print(json.dumps({"ready": True}), file=out)

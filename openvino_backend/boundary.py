@@ -186,31 +186,33 @@ def keep_boundary_copies_out(part: PartitionView) -> Iterator[Rejection]:
                 )
 
 
-def keep_non_default_dim_order_out(part: PartitionView) -> Iterator[Rejection]:
-    """No tensor may cross the partition edge in a non-default dim order."""
+def _reject_at_edge(
+    part: PartitionView,
+    output_problem: Callable[[object], str | None],
+    input_problem: Callable[[object], str | None],
+) -> Iterator[Rejection]:
+    """Reject each output whose value has a problem, and each reader of an input that has one."""
     for node in part.outputs():
-        order = non_default_dim_order(_val(node))
-        if order is not None:
-            yield (
-                node,
-                (
-                    f"result leaves the partition in dim order {order}; "
-                    "the OpenVINO runtime writes partition outputs in the default order"
-                ),
-            )
+        if (why := output_problem(_val(node))) is not None:
+            yield node, f"result leaves the partition {why}"
     for source in part.inputs():
-        order = non_default_dim_order(_val(source))
-        if order is None:
+        if (why := input_problem(_val(source))) is None:
             continue
         for user in source.users:
             if user in part.nodes:
-                yield (
-                    user,
-                    (
-                        f"reads `{source.name}` in dim order {order} from outside the partition; "
-                        "the OpenVINO runtime reads partition inputs in the default order"
-                    ),
-                )
+                yield user, f"reads `{source.name}` from outside the partition {why}"
+
+
+def _in_dim_order(val: object) -> str | None:
+    order = non_default_dim_order(val)
+    if order is None:
+        return None
+    return f"in dim order {order}; the OpenVINO runtime binds edge tensors by their logical sizes"
+
+
+def keep_non_default_dim_order_out(part: PartitionView) -> Iterator[Rejection]:
+    """No tensor crosses the partition edge in a non-default dim order (opt-in; see module doc)."""
+    return _reject_at_edge(part, _in_dim_order, _in_dim_order)
 
 
 def unbindable(val: object) -> str | None:
@@ -218,11 +220,11 @@ def unbindable(val: object) -> str | None:
     if not isinstance(val, torch.Tensor):
         return None
     if val.dtype not in RUNTIME_DTYPES:
-        return f"{val.dtype}, which the OpenVINO runtime cannot bind"
+        return f"as {val.dtype}, which the OpenVINO runtime cannot bind"
     if val.dim() == 0:
         # create_ov_tensor builds an ov_shape of the tensor's rank, and OpenVINO's
         # C API refuses rank 0: the delegate fails with error 0x1 at run time.
-        return "a 0-d tensor, which the OpenVINO runtime cannot bind (error 0x1 at run time)"
+        return "as a 0-d tensor, which the OpenVINO runtime cannot bind (error 0x1 at run time)"
     return None
 
 
@@ -230,23 +232,13 @@ def _dynamic_output(val: object) -> str | None:
     if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
         # ExecuTorch plans a dynamic output at its upper bound and the OpenVINO
         # runtime never resizes it: the program would return the wrong shape.
-        return f"a tensor of dynamic shape {tuple(val.shape)}, which the OpenVINO runtime does not resize"
+        return f"with dynamic shape {tuple(val.shape)}, which the OpenVINO runtime does not resize"
     return None
 
 
 def keep_unbindable_tensors_out(part: PartitionView) -> Iterator[Rejection]:
     """Every tensor at the edge must be one the runtime can bind (dtype, rank, static output size)."""
-    for node in part.outputs():
-        why = unbindable(_val(node)) or _dynamic_output(_val(node))
-        if why is not None:
-            yield node, f"result leaves the partition as {why}"
-    for source in part.inputs():
-        why = unbindable(_val(source))
-        if why is None:
-            continue
-        for user in source.users:
-            if user in part.nodes:
-                yield user, f"reads `{source.name}` from outside the partition, {why}"
+    return _reject_at_edge(part, lambda val: unbindable(val) or _dynamic_output(val), unbindable)
 
 
 DEFAULT_RULES: tuple[BoundaryRule, ...] = (keep_boundary_copies_out, keep_unbindable_tensors_out)

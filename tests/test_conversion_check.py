@@ -7,23 +7,7 @@ import torch
 
 from openvino_backend import OpenvinoPartitioner, keep_unbindable_tensors_out
 from tests.harness import execute_layer_test
-
-COPIES = {
-    "clone": lambda x: x.clone(),
-    "detach": lambda x: x.detach(),
-    "full_slice": lambda x: x[:, :],
-    "clone_chain": lambda x: x.clone().clone(),
-}
-
-
-class CopyThenSin(torch.nn.Module):
-    def __init__(self, copy) -> None:
-        super().__init__()
-        self.copy = copy
-
-    def forward(self, x):
-        y = self.copy(x)
-        return y, torch.sin(y)
+from tests.ops.test_copy import COPIES, CopyThenSin
 
 
 @pytest.mark.parametrize("copy", COPIES.values(), ids=COPIES.keys())
