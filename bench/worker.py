@@ -39,14 +39,17 @@ def _instrument_preprocess(totals: dict[str, float]) -> None:
 
         return wrapper
 
-    for name in (
-        "check_edge_dim_orders",
+    steps = (
+        "edge_dim_orders",
         "run_passes",
         "convert",
         "validate_model",
+        "validate_output_types",
+        "adapt_edge_layouts",
         "compile_model",
         "validate_compiled",
-    ):
+    )
+    for name in steps:
         setattr(pre, name, timed(name, getattr(pre, name)))
     backend = pre.OpenvinoBackend
     original = backend.preprocess.__func__

@@ -52,7 +52,8 @@ def runtime() -> Runtime:
 
 def run_program(buffer: bytes, inputs: Sequence[torch.Tensor], method: str = "forward") -> list[torch.Tensor]:
     """Execute ``method`` of a serialized program on the ExecuTorch runtime."""
-    loaded = runtime().load_program(buffer).load_method(method)
+    program = runtime().load_program(buffer)  # must outlive its method: it owns the method's plan
+    loaded = program.load_method(method)
     if loaded is None:
         raise ValueError(f"the program has no method {method!r}")
     return list(loaded.execute(list(inputs)))
