@@ -8,7 +8,7 @@ never lags behind one it can. Partition-edge rules live in ``boundary.py``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import lru_cache
 
 import torch
@@ -25,11 +25,17 @@ EXTRA_SUPPORTED_OPS = frozenset(
     {
         "dim_order_ops._clone_dim_order.default",
         "dim_order_ops._to_dim_order_copy.default",
+        # The FX frontend translates these (reflect Pad) though the Python table omits them.
+        "aten.reflection_pad1d.default",
+        "aten.reflection_pad2d.default",
+        "aten.reflection_pad3d.default",
     }
 )
 
 # Kept whole during to_edge so OpenVINO sees the op it has a translator for
-# (the same list as ExecuTorch 1.5.1's OpenVINO partitioner).
+# (the list of ExecuTorch 1.5.1's OpenVINO partitioner), plus reflection
+# padding: decomposed, it becomes arange/abs/index arithmetic that OpenVINO
+# 2026.4.1 computes wrongly; whole, it maps to OpenVINO's own reflect Pad.
 OPS_TO_NOT_DECOMPOSE: tuple[torch._ops.OpOverload, ...] = (
     torch.ops.aten.pixel_shuffle.default,
     torch.ops.aten.upsample_bilinear2d.default,
@@ -37,6 +43,9 @@ OPS_TO_NOT_DECOMPOSE: tuple[torch._ops.OpOverload, ...] = (
     torch.ops.aten.upsample_nearest2d.default,
     torch.ops.aten.upsample_nearest2d.vec,
     torch.ops.aten.stack.default,
+    torch.ops.aten.reflection_pad1d.default,
+    torch.ops.aten.reflection_pad2d.default,
+    torch.ops.aten.reflection_pad3d.default,
 )
 
 
@@ -46,6 +55,33 @@ def openvino_supported_ops() -> frozenset[str]:
     table = OperatorSupport([])._support_dict
     prefix = "torch.ops."
     return frozenset(name.removeprefix(prefix) for name in table) | EXTRA_SUPPORTED_OPS
+
+
+# Ops OpenVINO converts but computes differently from PyTorch (measured against
+# eager with OpenVINO 2026.4.1; ExecuTorch's backend suite finds both). Each
+# check returns why a node must stay on the CPU, or None.
+def _avg_pool_ceil_overhang(node: torch.fx.Node) -> str | None:
+    """PyTorch shrinks the divisor of a last ceil-mode window that overhangs the padded input; OpenVINO does not."""
+    args = list(node.args) + [None] * 7
+    x, kernel, stride, padding, ceil_mode = args[0], args[1], args[2] or args[1], args[3] or 0, args[4]
+    if not ceil_mode or not isinstance(x, torch.fx.Node) or "val" not in x.meta:
+        return None
+    spatial = x.meta["val"].shape[-len(kernel) :]
+    pads = padding if isinstance(padding, (list, tuple)) else [padding] * len(kernel)
+    pads = list(pads) * len(kernel) if len(pads) == 1 else pads
+    for size, k, s, p in zip(spatial, kernel, stride, pads, strict=True):
+        out = -(-(size + 2 * p - k) // s) + 1
+        if (out - 1) * s >= size + p:
+            out -= 1
+        if (out - 1) * s - p + k > size + p:
+            return "a ceil-mode window overhangs the padded input; OpenVINO averages it differently from PyTorch"
+    return None
+
+
+WRONG_RESULTS: dict[str, Callable[[torch.fx.Node], str | None]] = {
+    "aten.avg_pool2d.default": _avg_pool_ceil_overhang,
+    "aten.avg_pool3d.default": _avg_pool_ceil_overhang,
+}
 
 
 class OpenvinoOperatorSupport(OperatorSupportBase):
@@ -88,4 +124,6 @@ class OpenvinoOperatorSupport(OperatorSupportBase):
             return None
         if op not in openvino_supported_ops():
             return f"OpenVINO's PyTorch frontend has no conversion for {op}"
+        if op in WRONG_RESULTS:
+            return WRONG_RESULTS[op](node)
         return None
