@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import linecache
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import count
 
 import torch
@@ -183,7 +183,6 @@ class GraphSpec:
     outputs: tuple[int, ...]
     dim_order: bool = True
     seed: int = 0
-    _values: tuple[Value, ...] = field(default=(), compare=False, repr=False)
 
     def values(self) -> tuple[Value, ...]:
         values = [Value(i.shape, i.dtype) for i in self.inputs]

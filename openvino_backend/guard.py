@@ -31,7 +31,7 @@ def ensure_sole_backend(ours: type[BackendDetails]) -> None:
             "memory for partitions that output a copy of an input."
         ),
         fix=(
-            "do not import executorch.backends.openvino in the same process as openvino_backend\n"
+            "keep executorch.backends.openvino out of the process that uses openvino_backend\n"
             "(run it in a separate process if you need to compare the two)."
         ),
     )
