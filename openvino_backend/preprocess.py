@@ -67,15 +67,16 @@ class OpenvinoBackend(BackendDetails):
         model = convert(graph_module, partition=options.partition)
         validate_model(model, graph_module, partition=options.partition)
         validate_output_types(model, graph_module, partition=options.partition)
-        readers, writers = edge_nodes(graph_module)
-        adapt_edge_layouts(
-            model,
-            input_orders,
-            output_orders,
-            partition=options.partition,
-            input_nodes=readers,
-            output_nodes=writers,
-        )
+        if any(order is not None for order in (*input_orders, *output_orders)):
+            readers, writers = edge_nodes(graph_module)
+            adapt_edge_layouts(
+                model,
+                input_orders,
+                output_orders,
+                partition=options.partition,
+                input_nodes=readers,
+                output_nodes=writers,
+            )
         compiled = compile_model(model, options, graph_module)
         validate_compiled(compiled, graph_module, partition=options.partition)
         return PreprocessResult(processed_bytes=compiled.export_model().getvalue())
@@ -103,10 +104,9 @@ def edge_dim_orders(program: ExportedProgram) -> tuple[list[DimOrder | None], li
         for node in program.graph.find_nodes(op="placeholder")
         if node.name in user_inputs
     ]
-    outputs = program.graph.output_node().args[0]
-    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     return inputs, [
-        non_default_dim_order(node.meta.get("val")) if isinstance(node, torch.fx.Node) else None for node in outputs
+        non_default_dim_order(node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
+        for node in output_nodes(program.graph_module)
     ]
 
 
