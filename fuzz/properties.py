@@ -26,7 +26,7 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 from fuzz.graphs import GraphSpec
 from openvino_backend import OpenvinoExportError, OpenvinoPartitioner
 from openvino_backend.convert import convert
-from openvino_backend.precision import Tolerance
+from openvino_backend.precision import Tolerance, openvino_core
 from openvino_backend.preprocess import run_passes
 from openvino_backend.validate import find_passthroughs
 from openvino_backend.verify import check_run, declared_formats, lower, resample
@@ -152,7 +152,7 @@ def probe_partition(edge_program) -> _PartitionProbe:
     graph_module = run_passes(edge_program).module()
     try:
         model = convert(graph_module)
-        compiled = ov.Core().compile_model(model, "CPU")
+        compiled = openvino_core().compile_model(model, "CPU")
     except OpenvinoExportError as error:
         return _PartitionProbe(False, False, refused=type(error).__name__)
     flagged = bool(find_passthroughs(model) or find_passthroughs(compiled.get_runtime_model()))

@@ -32,10 +32,16 @@ def openvino_version() -> str:
 
 
 @cache
+def openvino_core() -> ov.Core:
+    """One Core per process: creating one loads the plugins, which dominates small exports."""
+    return ov.Core()
+
+
+@cache
 def inference_precision(device: str = "CPU") -> torch.dtype:
     """The floating dtype ``device`` computes f32 models in by default."""
     try:
-        hint = ov.Core().get_property(device, "INFERENCE_PRECISION_HINT")
+        hint = openvino_core().get_property(device, "INFERENCE_PRECISION_HINT")
     except RuntimeError:  # a device without the property computes in the model's type
         return torch.float32
     return _OV_TO_TORCH.get(hint.to_string(), torch.float32)

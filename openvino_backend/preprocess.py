@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import final
 
 import openvino as ov
@@ -29,6 +28,7 @@ from openvino_backend.diagnostics import NodeRef
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.passes import DecomposeFloorDividePass
+from openvino_backend.precision import openvino_core
 from openvino_backend.validate import output_nodes, validate_compiled, validate_model, validate_output_types
 
 logger = logging.getLogger(__name__)
@@ -124,14 +124,8 @@ def edge_nodes(graph_module: torch.fx.GraphModule) -> tuple[list[tuple[NodeRef, 
 
 def compile_model(model: ov.Model, options: CompileOptions, graph_module: torch.fx.GraphModule) -> ov.CompiledModel:
     try:
-        return _core().compile_model(model, options.device, options.properties)
+        return openvino_core().compile_model(model, options.device, options.properties)
     except RuntimeError as error:
         raise conversion_error(
             f"OpenVINO could not compile for {options.device}", graph_module, options.partition, error
         ) from error
-
-
-@lru_cache(maxsize=1)
-def _core() -> ov.Core:
-    # One Core per process: creating it loads plugins, which dominates small exports.
-    return ov.Core()
