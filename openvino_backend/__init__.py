@@ -16,19 +16,27 @@ from openvino_backend.diagnostics import (
     BackendConflictError,
     ConversionError,
     DimOrderError,
+    EdgeTensorError,
     OpenvinoExportError,
     OutputTypeError,
     PassthroughOutputError,
 )
 from openvino_backend.partitioner import OpenvinoPartitioner
 from openvino_backend.preprocess import OpenvinoBackend
-from openvino_backend.validate import find_passthroughs, validate_compiled, validate_model, validate_output_types
+from openvino_backend.validate import (
+    find_passthroughs,
+    validate_compiled,
+    validate_edge_tensors,
+    validate_model,
+    validate_output_types,
+)
 
 __all__ = [
     "DEFAULT_RULES",
     "BackendConflictError",
     "ConversionError",
     "DimOrderError",
+    "EdgeTensorError",
     "OpenvinoBackend",
     "OpenvinoExportError",
     "OpenvinoPartitioner",
@@ -39,6 +47,7 @@ __all__ = [
     "keep_non_default_dim_order_out",
     "keep_unbindable_tensors_out",
     "validate_compiled",
+    "validate_edge_tensors",
     "validate_model",
     "validate_output_types",
 ]

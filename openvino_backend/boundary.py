@@ -186,6 +186,34 @@ def keep_boundary_copies_out(part: PartitionView) -> Iterator[Rejection]:
                 )
 
 
+def _is_getitem(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and op_name(node) == "getitem"
+
+
+def tensors_read(source: torch.fx.Node, readers: Iterable[torch.fx.Node]) -> list[object]:
+    """The values of ``source`` that ``readers`` take: the value itself, or the tuple elements they pick.
+
+    Multi-output ops (``_native_batch_norm_legit_no_training``, ``max_pool2d_with_indices``,
+    ...) hold a tuple in ``meta["val"]``; their tensors cross a partition edge
+    through ``getitem`` nodes, which ExecuTorch's fuser pulls into the delegate
+    beside their producer. A rule about edge tensors must look at those tensors.
+    """
+    val = _val(source)
+    if not isinstance(val, (tuple, list)):
+        return [val]
+    picked: list[object] = []
+    for reader in readers:
+        if _is_getitem(reader) and isinstance(reader.args[1], int):
+            picked.append(val[reader.args[1]])
+        else:
+            picked.extend(val)
+    return picked
+
+
+def _first_problem(values: Iterable[object], problem: Callable[[object], str | None]) -> str | None:
+    return next((why for why in map(problem, values) if why is not None), None)
+
+
 def _reject_at_edge(
     part: PartitionView,
     output_problem: Callable[[object], str | None],
@@ -193,14 +221,15 @@ def _reject_at_edge(
 ) -> Iterator[Rejection]:
     """Reject each output whose value has a problem, and each reader of an input that has one."""
     for node in part.outputs():
-        if (why := output_problem(_val(node))) is not None:
+        leaving = tensors_read(node, (user for user in node.users if user not in part.nodes))
+        if (why := _first_problem(leaving, output_problem)) is not None:
             yield node, f"result leaves the partition {why}"
     for source in part.inputs():
-        if (why := input_problem(_val(source))) is None:
+        readers = [user for user in source.users if user in part.nodes]
+        if (why := _first_problem(tensors_read(source, readers), input_problem)) is None:
             continue
-        for user in source.users:
-            if user in part.nodes:
-                yield user, f"reads `{source.name}` from outside the partition {why}"
+        for user in readers:
+            yield user, f"reads `{source.name}` from outside the partition {why}"
 
 
 def _in_dim_order(val: object) -> str | None:
@@ -228,7 +257,10 @@ def unbindable(val: object) -> str | None:
     return None
 
 
-def _dynamic_output(val: object) -> str | None:
+def unbindable_output(val: object) -> str | None:
+    """Why the runtime cannot hand ``val`` back as a partition output, or None."""
+    if (why := unbindable(val)) is not None:
+        return why
     if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
         # ExecuTorch plans a dynamic output at its upper bound and the OpenVINO
         # runtime never resizes it: the program would return the wrong shape.
@@ -238,7 +270,7 @@ def _dynamic_output(val: object) -> str | None:
 
 def keep_unbindable_tensors_out(part: PartitionView) -> Iterator[Rejection]:
     """Every tensor at the edge must be one the runtime can bind (dtype, rank, static output size)."""
-    return _reject_at_edge(part, lambda val: unbindable(val) or _dynamic_output(val), unbindable)
+    return _reject_at_edge(part, unbindable_output, unbindable)
 
 
 DEFAULT_RULES: tuple[BoundaryRule, ...] = (keep_boundary_copies_out, keep_unbindable_tensors_out)

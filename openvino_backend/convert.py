@@ -6,14 +6,18 @@ import logging
 import re
 from functools import lru_cache
 
+import numpy as np
 import openvino as ov
+import openvino.opset13 as opset
 import torch
 from openvino.frontend import FrontEnd, FrontEndManager
 from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
 from openvino_backend.diagnostics import ConversionError, Finding, NodeRef
+from openvino_backend.dynamic import is_bound_pad
 from openvino_backend.precision import openvino_version
+from openvino_backend.validate import output_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +42,14 @@ def input_signature(graph_module: torch.fx.GraphModule) -> list[tuple[ov.Type, o
 
 
 def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) -> ov.Model:
-    """Convert one partition's graph; raise ``ConversionError`` if OpenVINO refuses it."""
+    """Convert one partition's graph; raise ``ConversionError`` if OpenVINO refuses it.
+
+    ``pad_to_bound`` outputs (``dynamic.py``) are taken out of ``graph_module``
+    (in place) and become OpenVINO ``Pad`` ops on their Results.
+    """
     frontend = pytorch_frontend()
     try:
+        bounds = take_bound_pads(graph_module)
         # The decoder must outlive frontend.convert: passed as a temporary it can
         # be collected mid-conversion ("pure virtual function ... decoder_type_name").
         decoder = TorchFXPythonDecoder(graph_module)
@@ -49,11 +58,46 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
             parameter.set_element_type(element_type)
             parameter.set_partial_shape(shape)
         model.validate_nodes_and_infer_types()
+        pad_results(model, bounds)
     except Exception as error:  # OpenVINO raises bare RuntimeErrors with C++ check text
         raise conversion_error(
             "OpenVINO's PyTorch frontend could not convert", graph_module, partition, error
         ) from error
     return model
+
+
+def take_bound_pads(graph_module: torch.fx.GraphModule) -> dict[int, list[int]]:
+    """Remove the ``pad_to_bound`` nodes that are outputs; their bound sizes by output index."""
+    graph = graph_module.graph
+    bounds = {}
+    for index, node in enumerate(output_nodes(graph_module)):
+        if isinstance(node, torch.fx.Node) and is_bound_pad(node):
+            bounds[index] = list(node.args[1])
+            graph.output_node().replace_input_with(node, node.args[0])
+    for node in list(graph.nodes):
+        if is_bound_pad(node) and not node.users:
+            graph.erase_node(node)
+    if bounds:
+        graph_module.recompile()
+    return bounds
+
+
+def pad_results(model: ov.Model, bounds: dict[int, list[int]]) -> None:
+    """Pad Result ``index`` with zeros at the end of each dim to ``bounds[index]`` (a static shape)."""
+    results = model.get_results()
+    for index, size in bounds.items():
+        source = results[index].input_value(0)
+        target = _ints(size)
+        pads_end = opset.subtract(target, opset.shape_of(source, "i64"))
+        zero = opset.constant(np.zeros((), dtype=source.get_element_type().to_dtype()))
+        padded = opset.pad(source, _ints([0] * len(size)), pads_end, "constant", zero)
+        results[index].input(0).replace_source_output(opset.reshape(padded, target, special_zero=False).output(0))
+    if bounds:
+        model.validate_nodes_and_infer_types()
+
+
+def _ints(values: list[int]) -> ov.Node:
+    return opset.constant(np.array(values, dtype=np.int64))
 
 
 _FAILED_NODE = re.compile(r"conversion of operation ([^/\s]+)/")

@@ -8,11 +8,14 @@ so tools (the CLI, the fuzzer, tests) never have to parse the text.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 # One frame of an FX ``stack_trace``: 'File "m.py", line 12, in forward\n    y = x.clone()'
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?P<code>[^\n]*)')
@@ -34,7 +37,10 @@ class SourceLocation:
         frames = list(_FRAME.finditer(stack_trace))
         if not frames:
             return None
-        last = frames[-1]
+        # The innermost frame outside torch itself: for `self.fc(x)` that is the
+        # user's line, not torch/nn/modules/linear.py.
+        users = [f for f in frames if not f["file"].startswith(_TORCH_DIR)]
+        last = (users or frames)[-1]
         return cls(last["file"], int(last["line"]), last["func"], last["code"].strip())
 
     def __str__(self) -> str:
@@ -174,6 +180,11 @@ class OutputTypeError(OpenvinoExportError):
     """OpenVINO computes a partition output in another element type than PyTorch."""
 
     output_indices: tuple[int, ...] = ()
+
+
+@dataclass(eq=False)
+class EdgeTensorError(OpenvinoExportError):
+    """A partition input or output the runtime cannot bind correctly (dynamic output, 0-d, dtype)."""
 
 
 @dataclass(eq=False)

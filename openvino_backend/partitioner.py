@@ -20,9 +20,10 @@ from executorch.exir.backend.utils import WhyNoPartitionReporter, tag_constant_d
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 
-from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView
+from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, unbindable
 from openvino_backend.conversion_check import keep_converted_passthroughs_out
-from openvino_backend.diagnostics import NodeRef, op_name
+from openvino_backend.diagnostics import EdgeTensorError, Finding, NodeRef, op_name
+from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.precision import warn_if_reduced
 from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
@@ -38,6 +39,12 @@ class PartitionReport:
     partitions: int = 0
     delegated_nodes: int = 0
     kept_out: tuple[tuple[NodeRef, str], ...] = ()
+    # Ops computing tensors in the program (getitems and size arithmetic aside).
+    total_nodes: int = 0
+
+    @property
+    def delegated_share(self) -> float:
+        return self.delegated_nodes / self.total_nodes if self.total_nodes else 0.0
 
 
 class OpenvinoPartitioner(Partitioner):
@@ -54,6 +61,9 @@ class OpenvinoPartitioner(Partitioner):
         check_by_conversion: convert each proposed partition (no compile)
             and keep out any node whose output OpenVINO would feed straight
             from an input, whether or not its op is on the copy list.
+        pad_dynamic_outputs: let outputs with dynamic dims be computed in
+            OpenVINO, padded to their upper bound and cut to size on the CPU
+            (``dynamic.py``). Off, every dynamic output stays on the CPU.
     """
 
     def __init__(
@@ -64,6 +74,7 @@ class OpenvinoPartitioner(Partitioner):
         *,
         boundary_rules: Sequence[BoundaryRule] = DEFAULT_RULES,
         check_by_conversion: bool = True,
+        pad_dynamic_outputs: bool = True,
     ) -> None:
         ensure_sole_backend(OpenvinoBackend)
         self.compile_spec = list(compile_spec or [])
@@ -72,6 +83,7 @@ class OpenvinoPartitioner(Partitioner):
         self._op_names_to_skip = frozenset(op_names_to_skip or ())
         self._boundary_rules = tuple(boundary_rules)
         self._final_rules = (keep_converted_passthroughs_out,) if check_by_conversion else ()
+        self._pad_dynamic_outputs = pad_dynamic_outputs
         self.reporter = WhyNoPartitionReporter()
         self.report = PartitionReport()
 
@@ -80,16 +92,24 @@ class OpenvinoPartitioner(Partitioner):
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
         return list(OPS_TO_NOT_DECOMPOSE), None
 
+    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        """Route dynamic outputs through ``pad_to_bound`` (see ``dynamic.py``); a new program if any."""
+        if not self._pad_dynamic_outputs:
+            return exported_program
+        return pad_dynamic_outputs(exported_program, bindable=lambda val: unbindable(val) is None)
+
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ensure_sole_backend(OpenvinoBackend)
         partitions, rejected = self.propose(exported_program)
+        _ensure_pads_delegated(exported_program, partitions, rejected)
         self.reporter = WhyNoPartitionReporter()
         for node, reason in rejected.items():
             self.reporter.report_reject(node, reason)
         self.report = PartitionReport(
             partitions=len(partitions),
-            delegated_nodes=sum(1 for p in partitions for n in p.nodes if n.op == "call_function"),
+            delegated_nodes=sum(1 for p in partitions for n in p.nodes if _computes(n)),
             kept_out=tuple((NodeRef.from_node(node), reason) for node, reason in rejected.items()),
+            total_nodes=sum(1 for n in exported_program.graph.nodes if _computes(n)),
         )
 
         partition_tags: dict[str, DelegationSpec] = {}
@@ -137,12 +157,49 @@ def _apply(
     excluded: dict[torch.fx.Node, str],
 ) -> dict[torch.fx.Node, str]:
     views = [PartitionView(frozenset(p.nodes), program) for p in partitions]
-    return {node: reason for view in views for rule in rules for node, reason in rule(view) if node not in excluded}
+    rejected: dict[torch.fx.Node, str] = {}
+    for view in views:
+        for rule in rules:
+            for node, reason in rule(view):
+                # torch's partitioner puts a getitem in its producer's partition whatever
+                # the support check says, so refusing the getitem alone would change nothing.
+                target = node.args[0] if _is_getitem(node) else node
+                if target not in excluded:
+                    rejected.setdefault(target, reason)
+    return rejected
+
+
+def _is_getitem(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and "getitem" in str(node.target)
+
+
+def _computes(node: torch.fx.Node) -> bool:
+    """An op that computes tensors (not a getitem, not size arithmetic)."""
+    val = node.meta.get("val")
+    return node.op == "call_function" and not _is_getitem(node) and isinstance(val, (torch.Tensor, tuple, list))
+
+
+def _ensure_pads_delegated(
+    program: ExportedProgram, partitions: list[Partition], rejected: dict[torch.fx.Node, str]
+) -> None:
+    """``pad_to_bound`` has no CPU kernel: a program that leaves one on the CPU would not load."""
+    delegated = {node for p in partitions for node in p.nodes}
+    stranded = [n for n in program.graph.nodes if is_bound_pad(n) and n not in delegated]
+    if stranded:
+        raise EdgeTensorError(
+            summary=f"{len(stranded)} dynamic output(s) could not be padded to their upper bound in OpenVINO",
+            findings=tuple(
+                Finding(rejected.get(n, "not delegated"), (NodeRef.from_node(n.args[0]),)) for n in stranded
+            ),
+            why="the pad that lets OpenVINO return a dynamic output has no CPU kernel",
+            fix="export without this backend's dynamic-output padding:\n"
+            "OpenvinoPartitioner(compile_spec, pad_dynamic_outputs=False)  (dynamic outputs then run on the CPU)",
+        )
 
 
 def _has_compute(partition: Partition) -> bool:
     # A partition of getitems alone would be an empty delegate.
-    return any(node.op == "call_function" and "getitem" not in str(node.target) for node in partition.nodes)
+    return any(node.op == "call_function" and not _is_getitem(node) for node in partition.nodes)
 
 
 def _float_dtypes(partitions: list[Partition]) -> set[torch.dtype]:

@@ -2,7 +2,7 @@
 
 The pipeline, one named step each::
 
-    edge dim orders -> passes -> convert -> validate (pass-throughs, output types)
+    edge dim orders -> passes -> validate edge tensors -> convert -> validate (pass-throughs, output types)
         -> adapt edge layouts -> compile -> validate compiled -> export
 
 The class name must be exactly ``OpenvinoBackend``: the stock ExecuTorch
@@ -29,7 +29,13 @@ from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.passes import DecomposeFloorDividePass
 from openvino_backend.precision import openvino_core
-from openvino_backend.validate import output_nodes, validate_compiled, validate_model, validate_output_types
+from openvino_backend.validate import (
+    output_nodes,
+    validate_compiled,
+    validate_edge_tensors,
+    validate_model,
+    validate_output_types,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +70,7 @@ class OpenvinoBackend(BackendDetails):
         options = CompileOptions.from_specs(compile_specs)
         input_orders, output_orders = edge_dim_orders(edge_program)
         graph_module = run_passes(edge_program).module()
+        validate_edge_tensors(graph_module, partition=options.partition)
         model = convert(graph_module, partition=options.partition)
         validate_model(model, graph_module, partition=options.partition)
         validate_output_types(model, graph_module, partition=options.partition)

@@ -16,6 +16,7 @@ from openvino.frontend.pytorch.torchdynamo.op_support import OperatorSupport
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from openvino_backend.diagnostics import op_name
+from openvino_backend.dynamic import PAD_OP, is_bound_pad, restores_size
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ EXTRA_SUPPORTED_OPS = frozenset(
         "aten.reflection_pad1d.default",
         "aten.reflection_pad2d.default",
         "aten.reflection_pad3d.default",
+        # convert.py turns it into an OpenVINO Pad; it has no CPU kernel, so it is always delegated.
+        PAD_OP,
     }
 )
 
@@ -118,6 +121,10 @@ class OpenvinoOperatorSupport(OperatorSupportBase):
         op = op_name(node)
         if node in self._excluded:
             return self._excluded[node]
+        if is_bound_pad(node):
+            return None
+        if restores_size(node):
+            return "cuts a padded OpenVINO output back to its run-time size; runs on the CPU, whose kernel resizes"
         if op in self._op_types_to_skip or node.name in self._op_names_to_skip:
             return "skipped by the partitioner's op_types_to_skip / op_names_to_skip"
         if op == "getitem":

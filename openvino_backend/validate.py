@@ -15,7 +15,15 @@ import openvino as ov
 import torch
 from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
-from openvino_backend.diagnostics import Finding, NodeRef, OutputTypeError, PassthroughOutputError, op_name
+from openvino_backend.boundary import tensors_read, unbindable, unbindable_output
+from openvino_backend.diagnostics import (
+    EdgeTensorError,
+    Finding,
+    NodeRef,
+    OutputTypeError,
+    PassthroughOutputError,
+    op_name,
+)
 from openvino_backend.precision import openvino_version
 
 
@@ -192,3 +200,47 @@ def _path_to_input(node: torch.fx.Node) -> list[torch.fx.Node]:
             break
         node = sources[0]
     return path[::-1]
+
+
+def validate_edge_tensors(graph_module: torch.fx.GraphModule, *, partition: int | None = None) -> None:
+    """Raise ``EdgeTensorError`` for every partition input or output the runtime cannot bind correctly.
+
+    The partitioner's ``keep_unbindable_tensors_out`` rule keeps such tensors
+    off the edge; this check does not trust it. The stock runtime binds
+    outputs at the sizes ExecuTorch planned (the upper bound of a dynamic dim)
+    and never resizes them, cannot bind a 0-d tensor, and maps only some
+    dtypes: any of these would fail at run time, or return the wrong shape.
+    """
+    findings = []
+    for index, node in enumerate(graph_module.graph.find_nodes(op="placeholder")):
+        readers = list(node.users)
+        why = next((w for w in map(unbindable, tensors_read(node, readers)) if w is not None), None)
+        if why is not None:
+            findings.append(Finding(f"input {index} `{node.name}` crosses the edge {why}", _refs(readers)))
+    for index, node in enumerate(output_nodes(graph_module)):
+        if not isinstance(node, torch.fx.Node):
+            continue
+        why = next((w for w in map(unbindable_output, tensors_read(node, ())) if w is not None), None)
+        if why is not None:
+            findings.append(Finding(f"output {index} leaves the partition {why}", _refs([node])))
+    if not findings:
+        return
+    ops = sorted({n.op for f in findings for n in f.nodes})
+    raise EdgeTensorError(
+        summary=f"{len(findings)} tensor(s) at the partition edge that the OpenVINO runtime cannot bind correctly",
+        findings=tuple(findings),
+        why=(
+            "the ExecuTorch OpenVINO runtime binds partition outputs at their planned (upper-bound) sizes\n"
+            "and never resizes them, refuses 0-d tensors (error 0x1) and binds only some dtypes; the\n"
+            "program would fail at run time or return a tensor of the wrong shape"
+        ),
+        fix=(
+            "the partitioner's edge rules should keep these nodes out; please report it. Until then:\n"
+            f"OpenvinoPartitioner(compile_spec, op_types_to_skip={{{', '.join(repr(o) for o in ops)}}})"
+        ),
+        partition=partition,
+    )
+
+
+def _refs(nodes: list[torch.fx.Node]) -> tuple[NodeRef, ...]:
+    return tuple(NodeRef.from_node(n) for n in nodes if n.op == "call_function")
