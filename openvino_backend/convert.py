@@ -27,8 +27,8 @@ def pytorch_frontend() -> FrontEnd:
     return FrontEndManager().load_by_framework("pytorch")
 
 
-def input_signature(graph_module: torch.fx.GraphModule) -> list[tuple[ov.Type, ov.PartialShape]]:
-    """Element type and shape of each placeholder, from its ``meta["val"]``."""
+def input_signature(graph_module: torch.fx.GraphModule) -> list[tuple[ov.Type, ov.PartialShape | None]]:
+    """Element type and shape of each placeholder, from its ``meta["val"]`` (None: an int input)."""
     signature = []
     for node in graph_module.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
@@ -36,9 +36,18 @@ def input_signature(graph_module: torch.fx.GraphModule) -> list[tuple[ov.Type, o
             # A symbolic size (dynamic shape) stays dynamic; the runtime binds the real one per call.
             dims = [d if isinstance(d, int) else -1 for d in val.shape]
             signature.append((pt_to_ov_type_map[str(val.dtype)], ov.PartialShape(dims)))
-        else:  # a SymInt / int input: the runtime binds it as i64[1]
-            signature.append((ov.Type.i64, ov.PartialShape([1])))
+        else:  # a SymInt / int input: a scalar to the frontend, bound by the runtime as i64[1]
+            signature.append((ov.Type.i64, None))
     return signature
+
+
+def _bind_scalar_as_vector(parameter: ov.Node) -> None:
+    """The runtime binds an int input as i64[1]; the converted ops read it as a scalar."""
+    readers = list(parameter.output(0).get_target_inputs())
+    parameter.set_partial_shape(ov.PartialShape([1]))
+    scalar = opset.squeeze(parameter, opset.constant(np.array([0], dtype=np.int64)))
+    for reader in readers:
+        reader.replace_source_output(scalar.output(0))
 
 
 def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) -> ov.Model:
@@ -56,7 +65,10 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
         model = frontend.convert(frontend.load(decoder))
         for parameter, (element_type, shape) in zip(model.get_parameters(), input_signature(graph_module), strict=True):
             parameter.set_element_type(element_type)
-            parameter.set_partial_shape(shape)
+            if shape is None:
+                _bind_scalar_as_vector(parameter)
+            else:
+                parameter.set_partial_shape(shape)
         model.validate_nodes_and_infer_types()
         pad_results(model, bounds)
     except Exception as error:  # OpenVINO raises bare RuntimeErrors with C++ check text

@@ -23,7 +23,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partit
 from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, unbindable
 from openvino_backend.conversion_check import keep_converted_passthroughs_out
 from openvino_backend.diagnostics import EdgeTensorError, Finding, NodeRef, op_name
-from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs
+from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.precision import warn_if_reduced
 from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
@@ -174,9 +174,14 @@ def _is_getitem(node: torch.fx.Node) -> bool:
 
 
 def _computes(node: torch.fx.Node) -> bool:
-    """An op that computes tensors (not a getitem, not size arithmetic)."""
+    """An op of the model that computes tensors (not a getitem, size arithmetic, or the pads and
+    slices ``dynamic.py`` adds)."""
     val = node.meta.get("val")
-    return node.op == "call_function" and not _is_getitem(node) and isinstance(val, (torch.Tensor, tuple, list))
+    return (
+        node.op == "call_function"
+        and isinstance(val, (torch.Tensor, tuple, list))
+        and not (_is_getitem(node) or is_bound_pad(node) or restores_size(node))
+    )
 
 
 def _ensure_pads_delegated(

@@ -30,6 +30,11 @@ EXTRA_SUPPORTED_OPS = frozenset(
         "aten.reflection_pad1d.default",
         "aten.reflection_pad2d.default",
         "aten.reflection_pad3d.default",
+        # Translated by the FX frontend (LogicalAnd/Or/Xor) though the table omits them; a
+        # causal mask is built with logical_and.
+        "aten.logical_and.default",
+        "aten.logical_or.default",
+        "aten.logical_xor.default",
         # convert.py turns it into an OpenVINO Pad; it has no CPU kernel, so it is always delegated.
         PAD_OP,
     }

@@ -7,10 +7,45 @@ import torch
 from torch.export import Dim
 
 from openvino_backend import DimOrderError, EdgeTensorError, OpenvinoPartitioner
-from openvino_backend.verify import delegate_ids, lower_exported, run_program
-from tests.dynamic_models import SmallCNN
+from openvino_backend.verify import check_run, delegate_ids, lower_exported, run_program
+from tests.dynamic_models import MLP, Decoder, Policy, SmallCNN
 
 BATCH = Dim("batch", min=1, max=8)
+SEQ = Dim("seq", min=2, max=32)
+
+# name: (model, example input maker, dynamic dim, sizes to run at (low end, example, upper end), terms)
+MODELS = {
+    "mlp": (MLP, lambda n: torch.randn(n, 16), 0, BATCH, (1, 3, 8), 4),
+    "cnn-batch-norm": (SmallCNN, lambda n: torch.randn(n, 3, 16, 16), 0, BATCH, (1, 2, 8), 64),
+    "transformer-encoder": (Policy, lambda n: torch.randn(n, 8, 24), 0, BATCH, (1, 2, 8), 16),
+    "decoder-sequence": (Decoder, lambda n: torch.randint(0, 100, (1, n)), 1, SEQ, (2, 8, 32), 16),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_dynamic_model_is_delegated_and_right_at_every_size(name: str) -> None:
+    build, make, dim, bound, (low, example, high), terms = MODELS[name]
+    module = build().eval()
+    exported = torch.export.export(module, (make(example),), dynamic_shapes=({dim: bound},))
+    partitioner = OpenvinoPartitioner()
+    program = lower_exported(exported, partitioner=partitioner)
+    # Everything but the CPU slice that restores each output's size runs in OpenVINO.
+    assert partitioner.report.partitions == 1
+    assert partitioner.report.delegated_share >= 0.95, partitioner.report.kept_out
+    for size in (low, example, high):
+        report = check_run(module, program.buffer, [make(size)], terms=terms)
+        assert report.error is None, report.error
+        for out in report.outputs:
+            assert out.values_ok, f"size {size}, output {out.index} {out.shape}: max abs error {out.max_abs:.3g}"
+
+
+def test_dynamic_outputs_stay_on_the_cpu_when_padding_is_off() -> None:
+    module = SmallCNN().eval()
+    partitioner = OpenvinoPartitioner(pad_dynamic_outputs=False)
+    program = lower_exported(_export(module, torch.randn(2, 3, 16, 16)), partitioner=partitioner)
+    assert partitioner.report.delegated_share < 0.5
+    assert any("does not resize" in why for _, why in partitioner.report.kept_out)
+    _assert_runs_at(program, module, [(1, 3, 16, 16), (8, 3, 16, 16)])
 
 
 class Model(torch.nn.Module):
@@ -51,11 +86,11 @@ def test_cnn_with_batch_norm_returns_the_right_shape_at_every_batch() -> None:
 
 
 def test_preprocess_refuses_a_dynamic_output_on_its_own() -> None:
-    # With the edge rules and the conversion check off, nothing keeps the
-    # dynamic output off the edge: preprocess must refuse it, naming the node
-    # and the user's line.
+    # With the edge rules, the conversion check and the padding off, nothing
+    # keeps the dynamic output off the edge: preprocess must refuse it, naming
+    # the node and the user's line.
     module = SmallCNN().eval()
-    partitioner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False)
+    partitioner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False, pad_dynamic_outputs=False)
     with pytest.raises(EdgeTensorError) as caught:
         lower_exported(_export(module, torch.randn(2, 3, 16, 16)), partitioner=partitioner)
     text = str(caught.value)
@@ -81,3 +116,41 @@ def test_dynamic_channels_last_input_is_refused_with_its_reader() -> None:
         lower_exported(_export(Model(), x), partitioner=OpenvinoPartitioner())
     text = str(caught.value)
     assert "dynamic shape" in text and "x.amax(dim=(0, 2, 3))" in text and "test_dynamic.py" in text
+
+
+class Expressions(torch.nn.Module):
+    """Outputs whose dynamic sizes are expressions of the inputs' sizes."""
+
+    def forward(self, x, y):
+        stacked = torch.cat([x.sin(), y.cos()], dim=0)  # s0 + s1 rows
+        return stacked, x.reshape(-1) * 2, torch.nn.functional.avg_pool2d(x[None], 2)  # 4 * s0 * s2, s0 // 2 ...
+
+
+def test_outputs_sized_by_expressions_of_several_dims() -> None:
+    module = Expressions()
+    rows, other, cols = Dim("rows", min=2, max=9), Dim("other", min=1, max=5), Dim("cols", min=4, max=12)
+    exported = torch.export.export(
+        module, (torch.randn(4, 4, 6), torch.randn(3, 4, 6)), dynamic_shapes=({0: rows, 2: cols}, {0: other, 2: cols})
+    )
+    partitioner = OpenvinoPartitioner()
+    program = lower_exported(exported, partitioner=partitioner)
+    assert partitioner.report.delegated_share == 1.0, partitioner.report.kept_out
+    for r, o, c in ((2, 1, 4), (4, 3, 6), (9, 5, 12), (3, 5, 7)):
+        report = check_run(module, program.buffer, [torch.randn(r, 4, c), torch.randn(o, 4, c)])
+        assert report.ok, report
+
+
+class LogicalOps(torch.nn.Module):
+    def forward(self, x, y):
+        a, b = x > 0, y > 0
+        return torch.logical_and(a, b), torch.logical_or(a, b), torch.logical_xor(a, b), x.abs()
+
+
+def test_logical_ops_run_in_openvino() -> None:
+    # Not in OpenVINO's Python op table, but its FX frontend translates them.
+    partitioner = OpenvinoPartitioner()
+    module = LogicalOps()
+    inputs = [torch.randn(4, 5), torch.randn(4, 5)]
+    program = lower_exported(torch.export.export(module, tuple(inputs)), partitioner=partitioner)
+    assert partitioner.report.delegated_share == 1.0, partitioner.report.kept_out
+    assert check_run(module, program.buffer, inputs).ok
