@@ -44,7 +44,10 @@ def run_property(
     def prop(spec: GraphSpec) -> None:
         outcome = check(spec)
         counts["tried"] += 1
-        counts[outcome.kind if outcome.error_class is None else f"{outcome.kind}: {outcome.error_class}"] += 1
+        kind = outcome.kind if outcome.error_class is None else f"{outcome.kind}: {outcome.error_class}"
+        counts[kind] += 1
+        if spec.dynamic_size is not None:
+            counts[f"{kind} (dynamic dim)"] += 1
         if outcome.kind == "failed":
             raise GraphFailure(f"{outcome.error_class}: {outcome.detail}\n\nReproduction:\n\n{spec.repro()}")
 

@@ -17,6 +17,7 @@ import torch
 from hypothesis import strategies as st
 
 DTYPES = ("float32", "float16", "int64", "bool")
+DYNAMIC_RANGE = (2, 6)
 
 
 @dataclass(frozen=True)
@@ -105,16 +106,16 @@ IDENTITY_OPS = (
     Op("detach", 1, _any, lambda a, v, p: f"{a[0]}.detach()", identity=True),
     Op("slice_all", 1, _ranked(1), lambda a, v, p: f"{a[0]}[:]", identity=True),
     Op("slice_all_2d", 1, _ranked(2), lambda a, v, p: f"{a[0]}[:, :]", identity=True),
-    Op("view_same", 1, _any, lambda a, v, p: f"{a[0]}.view({v[0].shape})", identity=True),
-    Op("reshape_same", 1, _any, lambda a, v, p: f"{a[0]}.reshape({v[0].shape})", identity=True),
+    Op("view_same", 1, _any, lambda a, v, p: f"{a[0]}.view({a[0]}.shape)", identity=True),
+    Op("reshape_same", 1, _any, lambda a, v, p: f"{a[0]}.reshape({a[0]}.shape)", identity=True),
     Op("permute_identity", 1, _ranked(1), lambda a, v, p: f"{a[0]}.permute({tuple(range(v[0].rank))})", identity=True),
     Op("transpose_twice", 1, _ranked(2), lambda a, v, p: f"{a[0]}.transpose(0, -1).transpose(0, -1)", identity=True),
     Op("to_same_dtype", 1, _any, lambda a, v, p: f"{a[0]}.to(torch.{v[0].dtype})", identity=True),
     Op("contiguous", 1, _any, lambda a, v, p: f"{a[0]}.contiguous()", identity=True),
-    Op("expand_same", 1, _ranked(1), lambda a, v, p: f"{a[0]}.expand({v[0].shape})", identity=True),
+    Op("expand_same", 1, _ranked(1), lambda a, v, p: f"{a[0]}.expand({a[0]}.shape)", identity=True),
     Op("cat_one", 1, _ranked(1), lambda a, v, p: f"torch.cat([{a[0]}])", identity=True),
     Op("unsqueeze_squeeze", 1, _any, lambda a, v, p: f"{a[0]}.unsqueeze(0).squeeze(0)", identity=True),
-    Op("narrow_full", 1, _ranked(1), lambda a, v, p: f"{a[0]}.narrow(0, 0, {v[0].shape[0]})", identity=True),
+    Op("narrow_full", 1, _ranked(1), lambda a, v, p: f"{a[0]}.narrow(0, 0, {a[0]}.shape[0])", identity=True),
     Op("mul_one", 1, _numeric, lambda a, v, p: f"{a[0]} * 1", identity=True),
     Op("add_zero", 1, _numeric, lambda a, v, p: f"{a[0]} + 0", identity=True),
     Op(
@@ -183,6 +184,25 @@ class GraphSpec:
     outputs: tuple[int, ...]
     dim_order: bool = True
     seed: int = 0
+    # Exported with dim 0 dynamic (in DYNAMIC_RANGE) for every input whose dim 0 has this size.
+    dynamic_size: int | None = None
+
+    def dynamic_shapes(self) -> tuple[dict, ...] | None:
+        if self.dynamic_size is None:
+            return None
+        n = torch.export.Dim("n", min=DYNAMIC_RANGE[0], max=DYNAMIC_RANGE[1])
+        return tuple({0: n} if i.shape[:1] == (self.dynamic_size,) else {} for i in self.inputs)
+
+    def run_shapes(self) -> list[list[tuple[int, ...]]]:
+        """The input shapes to run at: the example's, and with the dynamic dim at both ends of its range."""
+        example = [i.shape for i in self.inputs]
+        if self.dynamic_size is None:
+            return [example]
+        marked = [bool(d) for d in self.dynamic_shapes()]
+        return [example] + [
+            [(size, *shape[1:]) if dynamic else shape for shape, dynamic in zip(example, marked, strict=True)]
+            for size in DYNAMIC_RANGE
+        ]
 
     def values(self) -> tuple[Value, ...]:
         values = [Value(i.shape, i.dtype) for i in self.inputs]
@@ -235,9 +255,17 @@ class GraphSpec:
             "from openvino_backend.verify import check_run, lower\n\n\n"
             f"{self.forward_source()}\n\n"
             f"{self.inputs_source()}"
-            f"program = lower(FuzzGraph(), inputs, compile_config={config})\n"
+            f"dynamic_shapes = {self._dynamic_source()}\n"
+            f"program = lower(FuzzGraph(), inputs, compile_config={config}, dynamic_shapes=dynamic_shapes)\n"
             "print(check_run(FuzzGraph(), program.buffer, inputs))\n"
         )
+
+    def _dynamic_source(self) -> str:
+        if self.dynamic_size is None:
+            return "None"
+        n = f"torch.export.Dim('n', min={DYNAMIC_RANGE[0]}, max={DYNAMIC_RANGE[1]})"
+        dims = ", ".join("{0: n}" if d else "{}" for d in self.dynamic_shapes())
+        return f"(lambda n: ({dims},))({n})"
 
     def build(self) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
         """The module (compiled from its source, so stack traces name real lines) and inputs."""
@@ -257,10 +285,14 @@ _graph_ids = count()
 @st.composite
 def graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max_outputs: int = 3) -> GraphSpec:
     dim_order = draw(st.booleans())
+    # About half the graphs have a dynamic dim 0, shared by the inputs whose dim 0 has the drawn size.
+    dynamic_size = draw(st.integers(DYNAMIC_RANGE[0], 4)) if draw(st.booleans()) else None
     inputs = []
-    for _ in range(draw(st.integers(1, max_inputs))):
+    for index in range(draw(st.integers(1, max_inputs))):
         rank = draw(st.integers(1, 4))
         shape = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+        if dynamic_size is not None and index == 0:
+            shape = (dynamic_size, *shape[1:])
         dtype = draw(st.sampled_from(DTYPES))
         channels_last = rank == 4 and dim_order and draw(st.booleans())
         inputs.append(Input(shape, dtype, channels_last))
@@ -291,10 +323,14 @@ def graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max_outputs
     # Prefer the newest values, so chains end in outputs, but allow any (inputs too).
     outputs = tuple(draw(st.one_of(st.integers(0, len(values) - 1), st.just(len(values) - 1))) for _ in range(n_out))
     seed = draw(st.integers(0, 2**16))
-    return GraphSpec(tuple(inputs), tuple(steps), outputs, dim_order, seed)
+    return GraphSpec(tuple(inputs), tuple(steps), outputs, dim_order, seed, dynamic_size)
 
 
 def describe(spec: GraphSpec) -> str:
     """One line: the ops in order, for summaries."""
     ops = " ".join(step.op for step in spec.steps)
-    return f"{len(spec.inputs)} inputs, {ops or 'no ops'} -> {len(spec.outputs)} outputs (dim order {spec.dim_order})"
+    dynamic = f", dim 0 dynamic from size {spec.dynamic_size}" if spec.dynamic_size is not None else ""
+    return (
+        f"{len(spec.inputs)} inputs, {ops or 'no ops'} -> {len(spec.outputs)} outputs "
+        f"(dim order {spec.dim_order}{dynamic})"
+    )

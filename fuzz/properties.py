@@ -29,7 +29,7 @@ from openvino_backend.convert import convert
 from openvino_backend.precision import Tolerance, openvino_core
 from openvino_backend.preprocess import run_passes
 from openvino_backend.validate import find_passthroughs
-from openvino_backend.verify import check_run, declared_formats, lower, resample
+from openvino_backend.verify import check_run, declared_formats, lower_exported, resample
 
 NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)
 SENTINEL = 1234.5
@@ -48,10 +48,25 @@ def _config(spec: GraphSpec) -> EdgeCompileConfig | None:
     return None if spec.dim_order else NO_DIM_ORDER
 
 
+def _export(spec: GraphSpec, module: torch.nn.Module, inputs) -> torch.export.ExportedProgram | Outcome:
+    """The graph exported (with its dynamic dim, if any), or why torch would not keep the dim dynamic."""
+    try:
+        return torch.export.export(module, inputs, dynamic_shapes=spec.dynamic_shapes())
+    except Exception as error:
+        if spec.dynamic_size is None:
+            raise
+        # The ops pin the dim to one size (a broadcast against a static dim, say): torch's
+        # constraint solver refuses the Dim, so the graph says nothing about dynamic shapes.
+        return Outcome("skipped", "NotDynamic", f"{type(error).__name__}: {error}")
+
+
 def check_lowering(spec: GraphSpec, draws: int = 2) -> Outcome:
     module, inputs = spec.build()
+    exported = _export(spec, module, inputs)
+    if isinstance(exported, Outcome):
+        return exported
     try:
-        program = lower(module, inputs, compile_config=_config(spec))
+        program = lower_exported(exported, partitioner=OpenvinoPartitioner(), compile_config=_config(spec))
     except OpenvinoExportError as error:
         return Outcome("rejected", type(error).__name__, str(error))
     except Exception as error:
@@ -60,22 +75,24 @@ def check_lowering(spec: GraphSpec, draws: int = 2) -> Outcome:
         return Outcome("failed", type(error).__name__, f"export raised:\n{traceback.format_exc(limit=-3)}{error}")
     generator = torch.Generator().manual_seed(spec.seed)
     formats = declared_formats(program)
-    draw = list(inputs)
     for attempt in range(draws):
-        report = check_run(module, program.buffer, draw, terms=spec.terms(), formats=formats)
-        if not report.ok and (limitation := executorch_alone_fails(spec)) is not None:
-            return Outcome("skipped", "ExecuTorchLimitation", limitation)
-        if not report.ok:
-            problems = [report.error] if report.error else []
-            problems += [f"input {i} was modified" for i in report.modified_inputs]
-            problems += [
-                f"output {o.index}: max abs error {o.max_abs:.3g} (tolerance {o.tolerance})"
-                + ("" if o.layout_ok else ", memory format differs")
-                for o in report.outputs
-                if not o.ok
-            ]
-            return Outcome("failed", "Mismatch", f"run {attempt}: " + "; ".join(problems))
-        draw = resample(inputs, generator)
+        for shapes in spec.run_shapes():
+            draw = (
+                list(inputs) if attempt == 0 and shapes == spec.run_shapes()[0] else resample(inputs, generator, shapes)
+            )
+            report = check_run(module, program.buffer, draw, terms=spec.terms(), formats=formats)
+            if not report.ok and (limitation := executorch_alone_fails(spec)) is not None:
+                return Outcome("skipped", "ExecuTorchLimitation", limitation)
+            if not report.ok:
+                problems = [report.error] if report.error else []
+                problems += [f"input {i} was modified" for i in report.modified_inputs]
+                problems += [
+                    f"output {o.index} {o.shape}: max abs error {o.max_abs:.3g} (tolerance {o.tolerance})"
+                    + ("" if o.layout_ok else ", memory format differs")
+                    for o in report.outputs
+                    if not o.ok
+                ]
+                return Outcome("failed", "Mismatch", f"run {attempt} at {shapes}: " + "; ".join(problems))
     return Outcome("matched")
 
 
@@ -88,16 +105,21 @@ def executorch_alone_fails(spec: GraphSpec) -> str | None:
     is counted as skipped, under its own name, rather than failed.
     """
     module, inputs = spec.build()
+    generator = torch.Generator().manual_seed(spec.seed)
     try:
-        exported = torch.export.export(module, inputs)
+        exported = torch.export.export(module, inputs, dynamic_shapes=spec.dynamic_shapes())
         program = to_edge_transform_and_lower(exported, compile_config=_config(spec)).to_executorch()
-        report = check_run(module, program.buffer, inputs, terms=spec.terms())
+        reports = [
+            check_run(module, program.buffer, resample(inputs, generator, shapes), terms=spec.terms())
+            for shapes in spec.run_shapes()
+        ]
     except Exception as error:
         return f"{type(error).__name__}: {error}"
-    if report.error is not None:
-        return report.error
-    if not report.ok:
-        return "ExecuTorch's portable kernels alone compute wrong values for this graph"
+    for report in reports:
+        if report.error is not None:
+            return report.error
+        if not report.ok:
+            return "ExecuTorch's portable kernels alone compute wrong values for this graph"
     return None
 
 
@@ -140,7 +162,7 @@ class _ProbePartitioner(Partitioner):
 
 
 def _random_like(val: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
-    shape = tuple(val.shape)
+    shape = tuple(d if isinstance(d, int) else d.node.hint for d in val.shape)  # a dynamic dim at its example size
     if val.dtype == torch.bool:
         return rng.random(shape) < 0.5
     if val.dtype.is_floating_point:
@@ -158,6 +180,9 @@ def probe_partition(edge_program) -> _PartitionProbe:
     flagged = bool(find_passthroughs(model) or find_passthroughs(compiled.get_runtime_model()))
 
     vals = [n.meta["val"] for n in graph_module.graph.find_nodes(op="placeholder")]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        # A size read from outside (i64[1] at run time): not what this probe binds; counted by name.
+        return _PartitionProbe(flagged, False, refused="SizeInput")
     rng = np.random.default_rng(0)
     arrays = [_random_like(v, rng) for v in vals]
     with torch.no_grad():
@@ -195,8 +220,10 @@ def _scale(tensor: torch.Tensor) -> float:
 def check_validator(spec: GraphSpec) -> Outcome:
     module, inputs = spec.build()
     _PROBES.clear()
+    exported = _export(spec, module, inputs)
+    if isinstance(exported, Outcome):
+        return exported
     try:
-        exported = torch.export.export(module, inputs)
         to_edge_transform_and_lower(exported, partitioner=[_ProbePartitioner()], compile_config=_config(spec))
     except Exception as error:
         return Outcome("failed", type(error).__name__, f"probing raised:\n{traceback.format_exc(limit=-3)}")

@@ -23,7 +23,16 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from tabulate import tabulate
 
 from openvino_backend.diagnostics import OpenvinoExportError
-from openvino_backend.loader import LoadedModel, LoadError, load
+from openvino_backend.loader import (
+    DynamicDim,
+    LoadedModel,
+    LoadError,
+    dims_of,
+    dynamic_shapes,
+    load,
+    shapes_at,
+    sizes_to_run,
+)
 from openvino_backend.partitioner import OpenvinoPartitioner, PartitionReport
 from openvino_backend.precision import effective_dtype, inference_precision, openvino_version, unit_roundoff
 from openvino_backend.probe import probe
@@ -57,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--dtype", action="append", default=[], help="once, or once per --input-shape")
         sub.add_argument("--device", default="CPU", help="OpenVINO device (default CPU)")
         sub.add_argument(
+            "--dynamic",
+            action="append",
+            default=[],
+            metavar="IN.DIM=MIN:MAX",
+            help="export dim DIM of input IN as dynamic in MIN..MAX (repeatable); a .pt2 keeps its own",
+        )
+        sub.add_argument(
             "--no-conversion-check",
             action="store_true",
             help="skip converting proposed partitions while partitioning (faster; the copy list and the "
@@ -68,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     model_options(verify, required=False)
     verify.add_argument("--draws", type=int, default=3, help="random input draws to run (default 3)")
     verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument(
+        "--sizes",
+        metavar="N,N,..",
+        help="with dynamic dims: the sizes to run at, for every dynamic dim (default: the low end, "
+        "the example's size and the high end)",
+    )
     verify.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     verify.add_argument("--output", type=Path, metavar="FILE.pte", help="also write the lowered program")
 
@@ -116,6 +138,7 @@ class ModelResult:
     run_error: str | None = None
     modified_inputs: list[int] = field(default_factory=list)
     draws: int = 0
+    sizes: int = 1  # input sizes each draw ran at (dynamic dims)
 
     @property
     def exit_code(self) -> int:
@@ -131,15 +154,22 @@ def _partitioner(args: argparse.Namespace) -> OpenvinoPartitioner:
     )
 
 
-def _export(model: LoadedModel) -> torch.export.ExportedProgram:
-    return model.exported or torch.export.export(model.module, model.inputs)
+def _dynamic_dims(model: LoadedModel, args: argparse.Namespace) -> list[DynamicDim]:
+    if model.exported is not None:
+        if args.dynamic:
+            raise UsageError("--dynamic: a .pt2 program keeps the dynamic dims it was exported with")
+        return dims_of(model.exported)
+    return [DynamicDim.parse(text) for text in args.dynamic]
 
 
 def _lower_one(model: LoadedModel, args: argparse.Namespace) -> tuple[ModelResult, bytes | None, object]:
     result = ModelResult(model.name)
     partitioner = _partitioner(args)
+    # Dims that do not fit the model are a usage error, not a refused export: checked before exporting.
+    shapes = dynamic_shapes(_dynamic_dims(model, args), model.inputs)
     try:
-        program = lower_exported(_export(model), partitioner=partitioner)
+        exported = model.exported or torch.export.export(model.module, model.inputs, dynamic_shapes=shapes)
+        program = lower_exported(exported, partitioner=partitioner)
     except OpenvinoExportError as error:
         result.refused, result.refused_kind = str(error), type(error).__name__
         return result, None, None
@@ -176,26 +206,44 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _run_draws(result: ModelResult, model: LoadedModel, buffer: bytes, formats, args, generator) -> None:
-    inputs: list[torch.Tensor] = list(model.inputs)
-    worst: dict[int, OutputCheck] = {}
+    """``--draws`` input draws at each size to run at; the worst error per output and shape."""
+    runs = sizes_to_run(_dynamic_dims(model, args), _parse_sizes(args.sizes))
+    worst: dict[tuple[int, tuple[int, ...]], OutputCheck] = {}
     progress = sys.stderr.isatty() and not args.json
     for draw in range(args.draws):
         if progress:
             print(f"\r{model.name}: run {draw + 1}/{args.draws}", end="", file=sys.stderr, flush=True)
-        check = check_run(model.module, buffer, inputs, device=args.device, terms=model.terms, formats=formats)
+        for sizes in runs:
+            shapes = shapes_at(model.inputs, sizes)
+            inputs = list(model.inputs) if draw == 0 and sizes is None else resample(model.inputs, generator, shapes)
+            check = check_run(model.module, buffer, inputs, device=args.device, terms=model.terms, formats=formats)
+            if check.error is not None:
+                result.run_error = check.error
+                break
+            result.modified_inputs = sorted(set(result.modified_inputs) | set(check.modified_inputs))
+            for out in check.outputs:
+                previous = worst.get((out.index, out.shape))
+                if previous is None or not out.ok or (previous.ok and out.max_abs > previous.max_abs):
+                    worst[(out.index, out.shape)] = out
         result.draws += 1
-        if check.error is not None:
-            result.run_error = check.error
+        if result.run_error is not None:
             break
-        result.modified_inputs = sorted(set(result.modified_inputs) | set(check.modified_inputs))
-        for out in check.outputs:
-            previous = worst.get(out.index)
-            if previous is None or not out.ok or (previous.ok and out.max_abs > previous.max_abs):
-                worst[out.index] = out
-        inputs = resample(model.inputs, generator)
     if progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
-    result.outputs = [worst[i] for i in sorted(worst)]
+    result.sizes = len(runs)
+    result.outputs = [worst[key] for key in sorted(worst)]
+
+
+def _parse_sizes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--sizes {text!r}: expected comma-separated integers") from None
+    if not sizes:
+        raise UsageError(f"--sizes {text!r}: give at least one size")
+    return sizes
 
 
 def _numbered(path: Path, name: str) -> Path:
@@ -246,7 +294,8 @@ def _print_result(result: ModelResult, device: str, out: TextIO) -> None:
             for o in result.outputs
         ]
         headers = ("output", "shape", "dtype", "max abs err", "max rel err", "atol / rtol", "verdict")
-        print(f"  runs: {result.draws} input draws on executorch.runtime vs eager", file=out)
+        at = f" at {result.sizes} input sizes each" if result.sizes > 1 else ""
+        print(f"  runs: {result.draws} input draws{at} on executorch.runtime vs eager", file=out)
         print("    " + tabulate(rows, headers=headers).replace("\n", "\n    "), file=out)
     if result.modified_inputs:
         print(f"  inputs modified by the program: {result.modified_inputs}", file=out)
@@ -257,7 +306,11 @@ def _print_result(result: ModelResult, device: str, out: TextIO) -> None:
 def _print_partitions(report: PartitionReport | None, out: TextIO) -> None:
     if report is None:
         return
-    print(f"  partitions: {report.partitions}, {report.delegated_nodes} nodes delegated to OpenVINO", file=out)
+    print(
+        f"  partitions: {report.partitions}, {report.delegated_nodes} of {report.total_nodes} ops delegated "
+        f"to OpenVINO ({report.delegated_share:.0%})",
+        file=out,
+    )
     if report.kept_out:
         print(f"  kept out of OpenVINO ({len(report.kept_out)}):", file=out)
         for node, reason in report.kept_out:
@@ -294,12 +347,15 @@ def _model_json(result: ModelResult) -> dict[str, object]:
         else {
             "count": report.partitions,
             "delegated_nodes": report.delegated_nodes,
+            "total_nodes": report.total_nodes,
+            "delegated_share": report.delegated_share,
             "kept_out": [
                 {"node": n.name, "op": n.op, "source": str(n.source) if n.source else None, "reason": why}
                 for n, why in report.kept_out
             ],
         },
         "draws": result.draws,
+        "sizes_per_draw": result.sizes,
         "run_error": result.run_error,
         "modified_inputs": result.modified_inputs,
         "outputs": [

@@ -99,7 +99,8 @@ def pad_dynamic_outputs(program: ExportedProgram, bindable: Callable[[torch.Tens
     with graph.inserting_before(output):
         for name, bound in plans.items():
             node = _node_named(graph, name)
-            ends = [_build(d.node.expr, sizes, graph) if not isinstance(d, int) else None for d in node.meta["val"].shape]
+            shape = node.meta["val"].shape
+            ends = [None if isinstance(d, int) else _build(d.node.expr, sizes, graph) for d in shape]
             if any(end is False for end in ends):
                 logger.info("output %s: a size is not an expression of the inputs' sizes; it stays on the CPU", name)
                 continue

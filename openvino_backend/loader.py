@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -135,3 +136,77 @@ def _call_factory(spec: str, factory: object) -> object:
         return factory()
     except TypeError as error:
         raise LoadError(f"{spec}: calling it with no arguments failed ({error})") from error
+
+
+@dataclass(frozen=True)
+class DynamicDim:
+    """``--dynamic IN.DIM=MIN:MAX``: dim DIM of input IN takes any size in MIN..MAX."""
+
+    input: int
+    dim: int
+    low: int
+    high: int
+
+    @classmethod
+    def parse(cls, text: str) -> DynamicDim:
+        match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*=\s*(\d+)\s*:\s*(\d+)\s*", text)
+        if match is None:
+            raise LoadError(f"--dynamic {text!r}: expected INPUT.DIM=MIN:MAX, e.g. 0.0=1:8 (input 0, dim 0)")
+        index, dim, low, high = map(int, match.groups())
+        if low > high:
+            raise LoadError(f"--dynamic {text!r}: MIN is larger than MAX")
+        return cls(index, dim, low, high)
+
+
+def dynamic_shapes(dims: Sequence[DynamicDim], inputs: Sequence[torch.Tensor]) -> tuple[dict, ...] | None:
+    """``dynamic_shapes`` for ``torch.export.export``; None when no dim is dynamic."""
+    if not dims:
+        return None
+    spec: list[dict] = [{} for _ in inputs]
+    for d in dims:
+        if d.input >= len(inputs) or d.dim >= inputs[d.input].dim():
+            raise LoadError(f"--dynamic {d.input}.{d.dim}: the model has no input {d.input} with a dim {d.dim}")
+        if not d.low <= inputs[d.input].shape[d.dim] <= d.high:
+            raise LoadError(
+                f"--dynamic {d.input}.{d.dim}={d.low}:{d.high}: the example size "
+                f"{inputs[d.input].shape[d.dim]} is outside the range"
+            )
+        spec[d.input][d.dim] = torch.export.Dim(f"in{d.input}_dim{d.dim}", min=d.low, max=d.high)
+    return tuple(spec)
+
+
+def dims_of(exported: torch.export.ExportedProgram) -> list[DynamicDim]:
+    """The dynamic dims a saved program was exported with, from its range constraints."""
+    user_inputs = [
+        n for n in exported.graph.find_nodes(op="placeholder") if n.name in exported.graph_signature.user_inputs
+    ]
+    found = []
+    for index, node in enumerate(user_inputs):
+        val = node.meta.get("val")
+        for dim, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
+            if isinstance(size, int) or size.node.expr not in exported.range_constraints:
+                continue
+            bounds = exported.range_constraints[size.node.expr]
+            high = int(bounds.upper) if bounds.upper.is_finite else int(size.node.hint or bounds.lower) * 2
+            found.append(DynamicDim(index, dim, int(bounds.lower), high))
+    return found
+
+
+def sizes_to_run(dims: Sequence[DynamicDim], sizes: Sequence[int] | None) -> list[dict[tuple[int, int], int] | None]:
+    """What each run sets the dynamic dims to: ``sizes`` for all of them, else low end, example (None), high end."""
+    if not dims:
+        return [None]
+    if sizes:
+        for d in dims:
+            if any(not d.low <= s <= d.high for s in sizes):
+                raise LoadError(f"--sizes {list(sizes)}: outside the range {d.low}..{d.high} of input {d.input}")
+        return [{(d.input, d.dim): s for d in dims} for s in sizes]
+    return [{(d.input, d.dim): d.low for d in dims}, None, {(d.input, d.dim): d.high for d in dims}]
+
+
+def shapes_at(inputs: Sequence[torch.Tensor], sizes: dict[tuple[int, int], int] | None) -> list[tuple[int, ...]]:
+    """The inputs' shapes with the dynamic dims set to ``sizes`` (None: the example's)."""
+    return [
+        tuple(sizes.get((index, dim), n) if sizes else n for dim, n in enumerate(x.shape))
+        for index, x in enumerate(inputs)
+    ]

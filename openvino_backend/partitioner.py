@@ -108,7 +108,7 @@ class OpenvinoPartitioner(Partitioner):
         self.report = PartitionReport(
             partitions=len(partitions),
             delegated_nodes=sum(1 for p in partitions for n in p.nodes if _computes(n)),
-            kept_out=tuple((NodeRef.from_node(node), reason) for node, reason in rejected.items()),
+            kept_out=tuple((NodeRef.from_node(node), reason) for node, reason in rejected.items() if _computes(node)),
             total_nodes=sum(1 for n in exported_program.graph.nodes if _computes(n)),
         )
 

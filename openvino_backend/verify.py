@@ -28,10 +28,11 @@ def lower(
     partitioner: OpenvinoPartitioner | None = None,
     compile_config: EdgeCompileConfig | None = None,
     device: str = "CPU",
+    dynamic_shapes: Sequence[dict] | None = None,
 ) -> ExecutorchProgramManager:
     """``torch.export`` + lower with ``OpenvinoPartitioner`` + ``to_executorch``."""
     partitioner = partitioner or OpenvinoPartitioner([CompileSpec("device", device.encode())])
-    exported = torch.export.export(module.eval(), tuple(inputs))
+    exported = torch.export.export(module.eval(), tuple(inputs), dynamic_shapes=dynamic_shapes)
     return lower_exported(exported, partitioner=partitioner, compile_config=compile_config)
 
 
@@ -192,16 +193,19 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a, b) or (a.isnan() & b.isnan() | (a == b)).all())
 
 
-def resample(inputs: Sequence[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor]:
-    """New values for each input: same shape, dtype, memory format and value range."""
+def resample(
+    inputs: Sequence[torch.Tensor], generator: torch.Generator, shapes: Sequence[Sequence[int]] | None = None
+) -> list[torch.Tensor]:
+    """New values for each input: same dtype, memory format and value range; same shape unless ``shapes``."""
     fresh = []
-    for x in inputs:
+    for index, x in enumerate(inputs):
+        shape = tuple(shapes[index]) if shapes is not None else x.shape
         if x.dtype == torch.bool:
-            y = torch.rand(x.shape, generator=generator) < 0.5
+            y = torch.rand(shape, generator=generator) < 0.5
         elif x.dtype.is_floating_point:
-            y = torch.randn(x.shape, generator=generator).to(x.dtype)
+            y = torch.randn(shape, generator=generator).to(x.dtype)
         else:
             low, high = (int(x.min()), int(x.max()) + 1) if x.numel() else (0, 1)
-            y = torch.randint(low, high, x.shape, generator=generator, dtype=x.dtype)
+            y = torch.randint(low, high, shape, generator=generator, dtype=x.dtype)
         fresh.append(y.contiguous(memory_format=memory_format(x) or torch.contiguous_format))
     return fresh

@@ -68,7 +68,7 @@ class DecoderLayer(torch.nn.Module):
         self.heads = heads
         self.norm1, self.norm2 = RMSNorm(width), RMSNorm(width)
         self.q, self.k, self.v, self.o = (torch.nn.Linear(width, width, bias=False) for _ in range(4))
-        self.gate, self.up = torch.nn.Linear(width, 2 * width, bias=False), torch.nn.Linear(width, 2 * width, bias=False)
+        self.gate, self.up = (torch.nn.Linear(width, 2 * width, bias=False) for _ in range(2))
         self.down = torch.nn.Linear(2 * width, width, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

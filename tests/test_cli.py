@@ -157,3 +157,35 @@ def test_console_script_entry_point_lists_commands() -> None:
     )
     assert result.returncode == 0
     assert all(command in result.stdout for command in ("verify", "lower", "probe"))
+
+
+def test_verify_dynamic_dim_runs_at_both_ends_and_the_example(capsys) -> None:
+    code, out, _ = _run(
+        ["verify", "tests.dynamic_models:SmallCNN", "--input-shape", "2,3,16,16", "--dynamic", "0.0=1:8", "--json"],
+        capsys,
+    )
+    assert code == EXIT_OK, out
+    (model,) = json.loads(out)["models"]
+    assert model["partitions"]["delegated_share"] == 1.0
+    assert sorted(o["shape"][0] for o in model["outputs"]) == [1, 2, 8]
+    assert all(o["verdict"] == "match" for o in model["outputs"])
+
+
+def test_verify_dynamic_pt2_keeps_its_dims_and_runs_at_given_sizes(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "dynamic.pt2"
+    exported = torch.export.export(
+        torch.nn.Linear(4, 3), (torch.randn(2, 4),), dynamic_shapes=({0: torch.export.Dim("b", min=1, max=6)},)
+    )
+    torch.export.save(exported, str(path))
+    code, out, _ = _run(["verify", str(path), "--sizes", "1,5", "--draws", "1"], capsys)
+    assert code == EXIT_OK, out
+    assert "at 2 input sizes each" in out and " 1x3 " in out and " 5x3 " in out
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--dynamic", "0.0=9:1"], ["--dynamic", "nonsense"], ["--dynamic", "3.0=1:8"], ["--dynamic", "0.0=3:8"]],
+)
+def test_bad_dynamic_dims_are_usage_errors(flags: list[str], capsys) -> None:
+    code, _, err = _run(["verify", "tests.dynamic_models:MLP", "--input-shape", "2,16", *flags], capsys)
+    assert code == EXIT_USAGE and "--dynamic" in err
