@@ -28,6 +28,8 @@ import openvino as ov
 import torch
 from tabulate import tabulate
 
+from bench.dynamic import HEADERS as DYNAMIC_HEADERS
+from bench.dynamic import bench_dynamic
 from bench.models import MODELS, inputs_for
 from bench.scaling import time_proposal, time_rules, time_validation
 from openvino_backend.precision import inference_precision, openvino_version
@@ -227,6 +229,7 @@ def bench_scaling(sizes: list[int], proposal_limit: int) -> list[tuple]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="two models, fewer repetitions, sizes up to 10k")
+    parser.add_argument("--dynamic", action="store_true", help="only the dynamic-shape table")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
@@ -239,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         f"OpenVINO {openvino_version()} (CPU computes f32 as {inference_precision('CPU')}); "
         f"torch {torch.__version__}"
     )
+    print(
+        f"\nDynamic shapes: static vs dynamic export, ms per call at the example size (median of {reps} x {iterations})"
+    )
+    print(tabulate(bench_dynamic(reps, iterations), headers=DYNAMIC_HEADERS))
+    if args.dynamic:
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         lowering, inference, steps = bench_models(names, reps, iterations, Path(tmp))
     print(f"\nLowering time, s (to_edge_transform_and_lower + to_executorch; median of {reps}, interleaved)")

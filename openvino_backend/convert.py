@@ -33,12 +33,19 @@ def input_signature(graph_module: torch.fx.GraphModule) -> list[tuple[ov.Type, o
     for node in graph_module.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            # A symbolic size (dynamic shape) stays dynamic; the runtime binds the real one per call.
-            dims = [d if isinstance(d, int) else -1 for d in val.shape]
+            # A symbolic size stays dynamic within its range (bounds let OpenVINO plan memory); the
+            # runtime binds the real size per call.
+            dims = [d if isinstance(d, int) else _dimension(d) for d in val.shape]
             signature.append((pt_to_ov_type_map[str(val.dtype)], ov.PartialShape(dims)))
         else:  # a SymInt / int input: a scalar to the frontend, bound by the runtime as i64[1]
             signature.append((ov.Type.i64, None))
     return signature
+
+
+def _dimension(size: torch.SymInt) -> ov.Dimension:
+    bounds = size.node.shape_env.bound_sympy(size.node.expr)
+    lower = int(bounds.lower) if bounds.lower.is_finite else 0
+    return ov.Dimension(lower, int(bounds.upper)) if bounds.upper.is_finite else ov.Dimension(lower, -1)
 
 
 def _bind_scalar_as_vector(parameter: ov.Node) -> None:

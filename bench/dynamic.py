@@ -1,0 +1,99 @@
+"""Dynamic shapes: the same model exported static and with a dynamic dim, side by side.
+
+For each model: the share of ops OpenVINO takes (dynamic against static), and
+latency at the example size, static vs dynamic program, interleaved; the
+dynamic program also at the upper end of its range. Every timing has its max
+abs error against eager beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch.export import Dim
+
+from openvino_backend import OpenvinoPartitioner
+from openvino_backend.verify import flatten_outputs, lower_exported, runtime
+from tests.dynamic_models import Decoder, Policy, SmallCNN
+
+# name: (model, input at a size, dynamic dim, range, example size)
+MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], torch.Tensor], int, Dim, int]] = {
+    "cnn (batch)": (SmallCNN, lambda n: torch.randn(n, 3, 32, 32), 0, Dim("batch", min=1, max=8), 2),
+    "encoder (batch)": (Policy, lambda n: torch.randn(n, 8, 24), 0, Dim("batch", min=1, max=8), 2),
+    "decoder (sequence)": (Decoder, lambda n: torch.randint(0, 100, (1, n)), 1, Dim("seq", min=2, max=32), 16),
+}
+
+
+class _Method:
+    def __init__(self, buffer: bytes) -> None:
+        self.program = runtime().load_program(buffer)  # must outlive the method
+        self.method = self.program.load_method("forward")
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(self.method.execute(inputs))
+
+
+def _ms(method: _Method, inputs: list[torch.Tensor], iterations: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iterations):
+        method(inputs)
+    return 1000 * (time.perf_counter() - start) / iterations
+
+
+def _error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    if [a.shape for a in actual] != [e.shape for e in expected]:
+        return float("inf")
+    return max((a.double() - e.double()).abs().max().item() for a, e in zip(actual, expected, strict=True))
+
+
+def bench_dynamic(reps: int, iterations: int) -> list[tuple]:
+    rows = []
+    for name, (build, make, dim, bound, example) in MODELS.items():
+        torch.manual_seed(0)
+        module = build().eval()
+        x = make(example)
+        programs, shares = {}, {}
+        for kind, shapes in (("static", None), ("dynamic", ({dim: bound},))):
+            partitioner = OpenvinoPartitioner()
+            exported = torch.export.export(module, (x,), dynamic_shapes=shapes)
+            programs[kind] = _Method(lower_exported(exported, partitioner=partitioner).buffer)
+            shares[kind] = partitioner.report.delegated_nodes
+        with torch.no_grad():
+            expected = flatten_outputs(module(x))
+            high = make(bound.max)
+            expected_high = flatten_outputs(module(high))
+        times: dict[str, list[float]] = {"static": [], "dynamic": [], "high": []}
+        runs = {
+            "static": (programs["static"], x),
+            "dynamic": (programs["dynamic"], x),
+            "high": (programs["dynamic"], high),
+        }
+        for _ in range(reps):  # interleaved: S D H S D H ...
+            for key, (method, given) in runs.items():
+                times[key].append(_ms(method, [given], iterations))
+        ratio = statistics.median(d / s for d, s in zip(times["dynamic"], times["static"], strict=True))
+        rows.append(
+            (
+                name,
+                f"{shares['dynamic']} / {shares['static']} ({shares['dynamic'] / shares['static']:.0%})",
+                f"{statistics.median(times['static']):.3f} (err {_error(programs['static']([x]), expected):.2g})",
+                f"{statistics.median(times['dynamic']):.3f} (err {_error(programs['dynamic']([x]), expected):.2g})",
+                f"{ratio:.2f}",
+                f"{bound.max}: {statistics.median(times['high']):.3f} "
+                f"(err {_error(programs['dynamic']([high]), expected_high):.2g})",
+            )
+        )
+    return rows
+
+
+HEADERS = (
+    "model",
+    "ops delegated dynamic / static",
+    "static ms",
+    "dynamic ms",
+    "dynamic/static",
+    "dynamic at upper end: ms",
+)
