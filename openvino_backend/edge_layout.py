@@ -42,7 +42,8 @@ def _static_shape(what: str, shape: ov.PartialShape, partition: int | None, node
     return [int(d) for d in shape.to_shape()]
 
 
-def _ints(values: Sequence[int]) -> ov.Node:
+def int_constant(values: Sequence[int]) -> ov.Node:
+    """An i64 OpenVINO constant (shapes, axes, permutations)."""
     return opset.constant(np.array(values, dtype=np.int64))
 
 
@@ -67,8 +68,8 @@ def adapt_edge_layouts(
         nodes = input_nodes[index] if index < len(input_nodes) else ()
         logical = _static_shape(f"input {index}", parameter.get_partial_shape(), partition, nodes)
         readers = list(parameter.output(0).get_target_inputs())
-        physical = opset.reshape(parameter, _ints([logical[d] for d in order]), special_zero=False)
-        view = opset.transpose(physical, _ints(inverse(order)))
+        physical = opset.reshape(parameter, int_constant([logical[d] for d in order]), special_zero=False)
+        view = opset.transpose(physical, int_constant(inverse(order)))
         for reader in readers:
             reader.replace_source_output(view.output(0))
         changed = True
@@ -78,8 +79,9 @@ def adapt_edge_layouts(
         source = result.input_value(0)
         nodes = output_nodes[index] if index < len(output_nodes) else ()
         logical = _static_shape(f"output {index}", source.get_partial_shape(), partition, nodes)
-        physical = opset.transpose(source, _ints(order))
-        result.input(0).replace_source_output(opset.reshape(physical, _ints(logical), special_zero=False).output(0))
+        physical = opset.transpose(source, int_constant(order))
+        reshaped = opset.reshape(physical, int_constant(logical), special_zero=False)
+        result.input(0).replace_source_output(reshaped.output(0))
         changed = True
     if changed:
         model.validate_nodes_and_infer_types()
