@@ -186,7 +186,7 @@ def keep_boundary_copies_out(part: PartitionView) -> Iterator[Rejection]:
                 )
 
 
-def _is_getitem(node: torch.fx.Node) -> bool:
+def is_getitem(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and op_name(node) == "getitem"
 
 
@@ -203,14 +203,14 @@ def tensors_read(source: torch.fx.Node, readers: Iterable[torch.fx.Node]) -> lis
         return [val]
     picked: list[object] = []
     for reader in readers:
-        if _is_getitem(reader) and isinstance(reader.args[1], int):
+        if is_getitem(reader) and isinstance(reader.args[1], int):
             picked.append(val[reader.args[1]])
         else:
             picked.extend(val)
     return picked
 
 
-def _first_problem(values: Iterable[object], problem: Callable[[object], str | None]) -> str | None:
+def first_problem(values: Iterable[object], problem: Callable[[object], str | None]) -> str | None:
     return next((why for why in map(problem, values) if why is not None), None)
 
 
@@ -222,11 +222,11 @@ def _reject_at_edge(
     """Reject each output whose value has a problem, and each reader of an input that has one."""
     for node in part.outputs():
         leaving = tensors_read(node, (user for user in node.users if user not in part.nodes))
-        if (why := _first_problem(leaving, output_problem)) is not None:
+        if (why := first_problem(leaving, output_problem)) is not None:
             yield node, f"result leaves the partition {why}"
     for source in part.inputs():
         readers = [user for user in source.users if user in part.nodes]
-        if (why := _first_problem(tensors_read(source, readers), input_problem)) is None:
+        if (why := first_problem(tensors_read(source, readers), input_problem)) is None:
             continue
         for user in readers:
             yield user, f"reads `{source.name}` from outside the partition {why}"

@@ -76,10 +76,11 @@ def pad_dynamic_outputs(program: ExportedProgram, bindable: Callable[[torch.Tens
     or when ``bindable`` says the runtime could not bind it anyway.
     """
     plans = {}
+    by_name = {node.name: node for node in program.graph.nodes}
     for spec in program.graph_signature.output_specs:
         if spec.kind != OutputKind.USER_OUTPUT or not isinstance(spec.arg, TensorArgument):
             continue
-        node = _node_named(program.graph, spec.arg.name)
+        node = by_name.get(spec.arg.name)
         val = node.meta.get("val") if node is not None else None
         if not isinstance(val, torch.Tensor) or all(isinstance(d, int) for d in val.shape) or not bindable(val):
             continue
@@ -93,12 +94,13 @@ def pad_dynamic_outputs(program: ExportedProgram, bindable: Callable[[torch.Tens
 
     graph_module = copy.deepcopy(program.graph_module)
     graph = graph_module.graph
+    by_name = {node.name: node for node in graph.nodes}
     sizes = _input_sizes(program, graph)
     output = graph.output_node()
     renamed: dict[str, str] = {}
     with graph.inserting_before(output):
         for name, bound in plans.items():
-            node = _node_named(graph, name)
+            node = by_name[name]
             shape = node.meta["val"].shape
             ends = [None if isinstance(d, int) else _build(d.node.expr, sizes, graph) for d in shape]
             if any(end is False for end in ends):
@@ -113,18 +115,15 @@ def pad_dynamic_outputs(program: ExportedProgram, bindable: Callable[[torch.Tens
             renamed[name] = result.name
     if not renamed:
         return program
-    graph_module.recompile()
     signature = copy.deepcopy(program.graph_signature)
     for spec in signature.output_specs:
         if spec.kind == OutputKind.USER_OUTPUT and isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed:
             spec.arg = TensorArgument(name=renamed[spec.arg.name])
     logger.info("padding %d dynamic output(s) to their upper bound inside OpenVINO", len(renamed))
-    # Retrace, so every new node carries the fake value ExecuTorch plans memory from.
-    return program._update(graph_module, signature).run_decompositions({})
-
-
-def _node_named(graph: torch.fx.Graph, name: str) -> torch.fx.Node | None:
-    return next((n for n in graph.nodes if n.name == name), None)
+    # Every new node carries its fake value (``_call``); dead size nodes of a skipped output go.
+    graph.eliminate_dead_code()
+    graph_module.recompile()
+    return program._update(graph_module, signature)
 
 
 def _upper_bound(program: ExportedProgram, val: torch.Tensor) -> list[int] | None:

@@ -20,7 +20,7 @@ from executorch.exir.backend.utils import WhyNoPartitionReporter, tag_constant_d
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 
-from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, unbindable
+from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, is_getitem, unbindable
 from openvino_backend.conversion_check import keep_converted_passthroughs_out
 from openvino_backend.diagnostics import EdgeTensorError, Finding, NodeRef, op_name
 from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
@@ -163,14 +163,10 @@ def _apply(
             for node, reason in rule(view):
                 # torch's partitioner puts a getitem in its producer's partition whatever
                 # the support check says, so refusing the getitem alone would change nothing.
-                target = node.args[0] if _is_getitem(node) else node
+                target = node.args[0] if is_getitem(node) else node
                 if target not in excluded:
                     rejected.setdefault(target, reason)
     return rejected
-
-
-def _is_getitem(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and "getitem" in str(node.target)
 
 
 def _computes(node: torch.fx.Node) -> bool:
@@ -180,7 +176,7 @@ def _computes(node: torch.fx.Node) -> bool:
     return (
         node.op == "call_function"
         and isinstance(val, (torch.Tensor, tuple, list))
-        and not (_is_getitem(node) or is_bound_pad(node) or restores_size(node))
+        and not (is_getitem(node) or is_bound_pad(node) or restores_size(node))
     )
 
 
@@ -204,7 +200,7 @@ def _ensure_pads_delegated(
 
 def _has_compute(partition: Partition) -> bool:
     # A partition of getitems alone would be an empty delegate.
-    return any(node.op == "call_function" and not _is_getitem(node) for node in partition.nodes)
+    return any(node.op == "call_function" and not is_getitem(node) for node in partition.nodes)
 
 
 def _float_dtypes(partitions: list[Partition]) -> set[torch.dtype]:

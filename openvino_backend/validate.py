@@ -15,7 +15,7 @@ import openvino as ov
 import torch
 from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
-from openvino_backend.boundary import tensors_read, unbindable, unbindable_output
+from openvino_backend.boundary import first_problem, tensors_read, unbindable, unbindable_output
 from openvino_backend.diagnostics import (
     EdgeTensorError,
     Finding,
@@ -214,14 +214,13 @@ def validate_edge_tensors(graph_module: torch.fx.GraphModule, *, partition: int 
     findings = []
     for index, node in enumerate(graph_module.graph.find_nodes(op="placeholder")):
         readers = list(node.users)
-        why = next((w for w in map(unbindable, tensors_read(node, readers)) if w is not None), None)
-        if why is not None:
+        if (why := first_problem(tensors_read(node, readers), unbindable)) is not None:
             findings.append(Finding(f"input {index} `{node.name}` crosses the edge {why}", _refs(readers)))
     for index, node in enumerate(output_nodes(graph_module)):
         if not isinstance(node, torch.fx.Node):
             continue
-        why = next((w for w in map(unbindable_output, tensors_read(node, ())) if w is not None), None)
-        if why is not None:
+        # Read by the graph's output node: every tensor it holds leaves.
+        if (why := first_problem(tensors_read(node, node.users), unbindable_output)) is not None:
             findings.append(Finding(f"output {index} leaves the partition {why}", _refs([node])))
     if not findings:
         return
