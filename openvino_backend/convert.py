@@ -111,7 +111,9 @@ def pad_results(model: ov.Model, bounds: dict[int, list[int]]) -> None:
         model.validate_nodes_and_infer_types()
 
 
-_FAILED_NODE = re.compile(r"conversion of operation ([^/\s]+)/")
+# "... conversion of operation NODE/..." (a translator failed) and "While validating node '...' with
+# friendly_name 'NODE/...'" (an op it built fails shape inference): both name the FX node.
+_FAILED_NODE = re.compile(r"(?:conversion of operation |with friendly_name ')([^/\s']+)/")
 _FAILED_OPS = re.compile(r"Conversion is failed for: (.+)")
 
 

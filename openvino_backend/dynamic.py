@@ -82,7 +82,14 @@ def pad_dynamic_outputs(program: ExportedProgram, bindable: Callable[[torch.Tens
             continue
         node = by_name.get(spec.arg.name)
         val = node.meta.get("val") if node is not None else None
-        if not isinstance(val, torch.Tensor) or all(isinstance(d, int) for d in val.shape) or not bindable(val):
+        if (
+            node is None
+            or node.op == "placeholder"  # an input returned as it is: nothing to compute
+            or not isinstance(val, torch.Tensor)
+            or all(isinstance(d, int) for d in val.shape)
+            or not val.is_contiguous()  # the pad would change its memory format
+            or not bindable(val)
+        ):
             continue
         bound = _upper_bound(program, val)
         if bound is None:

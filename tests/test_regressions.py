@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from openvino_backend import OpenvinoPartitioner
+from openvino_backend.verify import check_run, lower_exported
 from tests.harness import execute_layer_test, non_delegated_ops
 
 
@@ -51,3 +53,47 @@ def test_avg_pool_ceil_window_overhanging_padding_stays_on_cpu() -> None:
     pool = torch.nn.AvgPool1d(3, stride=2, padding=1, ceil_mode=True)
     program = execute_layer_test(pool, (torch.randn(1, 8, 100),), expected_partitions=None)
     assert "avg_pool2d.out" in non_delegated_ops(program)
+
+
+class NarrowBySize(torch.nn.Module):
+    def forward(self, x):
+        v = x.unsqueeze(0).squeeze(0)
+        return v.reshape(v.shape), torch.sin(v), v.narrow(0, 0, v.shape[0])
+
+
+def test_dynamic_narrow_by_a_size_is_kept_out_when_openvino_cannot_build_it() -> None:
+    # Found by the fuzzer's dynamic graphs: OpenVINO's frontend builds a Slice
+    # whose stop is a rank-0 size and fails shape inference, naming the node
+    # only by its friendly name. The conversion check now reads that name and
+    # keeps the slice on the CPU; the rest stays in OpenVINO.
+    module = NarrowBySize()
+    exported = torch.export.export(
+        module, (torch.randn(2, 2, 3),), dynamic_shapes=({0: torch.export.Dim("n", min=2, max=6)},)
+    )
+    partitioner = OpenvinoPartitioner()
+    program = lower_exported(exported, partitioner=partitioner)
+    assert any(
+        "cannot convert" in why and node.op == "aten.slice_copy.Tensor" for node, why in partitioner.report.kept_out
+    )
+    for n in (2, 4, 6):
+        report = check_run(module, program.buffer, [torch.randn(n, 2, 3)])
+        assert report.ok, report
+
+
+class ReturnsItsInput(torch.nn.Module):
+    def forward(self, x, y):
+        return x, y.sin()
+
+
+def test_dynamic_channels_last_input_returned_unchanged_is_not_padded() -> None:
+    # Found by the fuzzer: padding an output that is a program input gained
+    # nothing and made a single-op partition over a dynamic channels-last
+    # input, which cannot be layout-adapted (DimOrderError).
+    module = ReturnsItsInput()
+    n = torch.export.Dim("n", min=2, max=6)
+    x = torch.randn(2, 2, 3, 2).to(memory_format=torch.channels_last)
+    exported = torch.export.export(module, (x, torch.randn(2, 4)), dynamic_shapes=({0: n}, {0: n}))
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    for size in (2, 6):
+        inputs = [torch.randn(size, 2, 3, 2).to(memory_format=torch.channels_last), torch.randn(size, 4)]
+        assert check_run(module, program.buffer, inputs).ok
