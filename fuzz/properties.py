@@ -149,7 +149,7 @@ class _ProbePartitioner(Partitioner):
     """OpenvinoPartitioner's partitions, without its edge rules or conversion check, sent to FuzzProbeBackend."""
 
     def __init__(self) -> None:
-        self.inner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False)
+        self.inner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False, check_numerics=False)
         self.delegation_spec = DelegationSpec(FuzzProbeBackend.__name__, [])
 
     def ops_to_not_decompose(self, ep):

@@ -27,7 +27,7 @@ Why each rule exists:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -119,33 +119,22 @@ class PartitionView:
 
     @cached_property
     def _owned_constants(self) -> frozenset[torch.fx.Node]:
-        # Constants whose users are all inside become part of the delegate
-        # (tag_constant_data); they never cross the edge at run time.
-        sig = self.program.graph_signature
-        constants = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
-        mutated = set(sig.buffers_to_mutate.values())
-        return frozenset(
-            node
-            for node in self.program.graph.nodes
-            if node.op == "placeholder"
-            and node.name in constants
-            and constants[node.name] not in mutated
-            and all(user in self.nodes for user in node.users)
-        )
+        return frozenset(owned_constants(self.program, self.nodes))
 
     def inputs(self) -> Iterator[torch.fx.Node]:
         """Nodes outside the partition whose results it reads at run time."""
         seen: set[torch.fx.Node] = set()
-        for node in self._ordered():
+        for node in self.ordered():
             for source in node.all_input_nodes:
                 if source not in self.nodes and source not in seen and source not in self._owned_constants:
                     seen.add(source)
                     yield source
 
     def outputs(self) -> Iterator[torch.fx.Node]:
-        return (node for node in self._ordered() if self.leaves(node))
+        return (node for node in self.ordered() if self.leaves(node))
 
-    def _ordered(self) -> list[torch.fx.Node]:
+    def ordered(self) -> list[torch.fx.Node]:
+        """The partition's nodes in graph (topological) order."""
         return [node for node in self.program.graph.nodes if node in self.nodes]
 
     def copy_root(self, node: torch.fx.Node) -> torch.fx.Node:
@@ -153,6 +142,27 @@ class PartitionView:
         while is_copy(node) and node in self.nodes:
             node = node.args[0]
         return node
+
+
+def owned_constants(program: ExportedProgram, nodes: Collection[torch.fx.Node]) -> dict[torch.fx.Node, torch.Tensor]:
+    """Constant inputs read only by ``nodes``, with their values.
+
+    ``tag_constant_data`` makes them part of the delegate: they never cross
+    the edge at run time, and preprocess sees them as constants.
+    """
+    sig = program.graph_signature
+    targets = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    mutated = set(sig.buffers_to_mutate.values())
+    values = {**program.state_dict, **program.constants}
+    return {
+        node: values[targets[node.name]]
+        for node in program.graph.find_nodes(op="placeholder")
+        if node.name in targets
+        and targets[node.name] not in mutated
+        and targets[node.name] in values
+        and node.users
+        and all(user in nodes for user in node.users)
+    }
 
 
 def keep_boundary_copies_out(part: PartitionView) -> Iterator[Rejection]:

@@ -11,36 +11,54 @@ op, so the list can learn from them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
-from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
+from torch.export import ExportedProgram
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
-from openvino_backend.boundary import PartitionView, Rejection
+from openvino_backend.boundary import PartitionView, Rejection, owned_constants
 from openvino_backend.convert import convert, failed_node_names
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
+from openvino_backend.passes import prepare_for_frontend
 from openvino_backend.validate import find_passthroughs, find_type_mismatches
 
 logger = logging.getLogger(__name__)
 
 
-def partition_graph(part: PartitionView) -> tuple[torch.fx.GraphModule, tuple[torch.fx.Node, ...]]:
-    """A stand-alone copy of the partition's graph, and its outputs in the original graph."""
-    nodes = [node for node in part.program.graph.nodes if node in part.nodes]
-    graph_module, _, outputs = fuse_as_graphmodule(
-        part.program.graph_module, nodes, "openvino_partition", always_return_tuple=True
+def partition_graph(
+    program: ExportedProgram, nodes: Sequence[torch.fx.Node]
+) -> tuple[torch.fx.GraphModule, tuple[torch.fx.Node, ...], tuple[torch.fx.Node, ...]]:
+    """``nodes`` as preprocess will see them once delegated: a stand-alone graph, constants it
+    alone reads as attributes, the same passes run; with its run-time inputs and its outputs
+    (nodes of the original graph)."""
+    graph_module, inputs, outputs = fuse_as_graphmodule(
+        program.graph_module, list(nodes), "openvino_partition", always_return_tuple=True
     )
-    result = DimOrderOpsRevertPass()(graph_module)
-    if result is not None and result.graph_module is not None:
-        graph_module = result.graph_module
-    return graph_module, tuple(outputs)
+    # The passes retrace placeholders, not attributes: run them first.
+    graph_module = prepare_for_frontend(graph_module)
+    constants = owned_constants(program, set(nodes))
+    graph = graph_module.graph
+    runtime_inputs = []
+    for placeholder, source in zip(graph.find_nodes(op="placeholder"), inputs, strict=True):
+        if source not in constants:
+            runtime_inputs.append(source)
+            continue
+        name = f"_constant_{source.name}"
+        graph_module.register_buffer(name, constants[source].detach())
+        with graph.inserting_before(placeholder):
+            attribute = graph.get_attr(name)
+        attribute.meta = dict(placeholder.meta)
+        placeholder.replace_all_uses_with(attribute)
+        graph.erase_node(placeholder)
+    graph_module.recompile()
+    return graph_module, tuple(runtime_inputs), tuple(outputs)
 
 
 def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
     """Outputs OpenVINO would feed straight from a Parameter, found by converting the partition."""
     try:
-        graph_module, outputs = partition_graph(part)
+        graph_module, _, outputs = partition_graph(part.program, part.ordered())
         model = convert(graph_module)
     except OpenvinoExportError as error:
         # OpenVINO names the ops it could not convert by their FX node names:

@@ -25,6 +25,7 @@ from openvino_backend.conversion_check import keep_converted_passthroughs_out
 from openvino_backend.diagnostics import EdgeTensorError, Finding, NodeRef, op_name
 from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
 from openvino_backend.guard import ensure_sole_backend
+from openvino_backend.numerics import NumericalCheck, sample_values
 from openvino_backend.precision import warn_if_reduced
 from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport
@@ -64,6 +65,12 @@ class OpenvinoPartitioner(Partitioner):
         pad_dynamic_outputs: let outputs with dynamic dims be computed in
             OpenVINO, padded to their upper bound and cut to size on the CPU
             (``dynamic.py``). Off, every dynamic output stays on the CPU.
+        check_numerics: run each proposed partition in OpenVINO and in
+            PyTorch on the same values and keep out the node that makes them
+            disagree (``numerics.py``). Costs a compile per partition.
+        sample_inputs: the program's inputs to run that check on (a tuple,
+            as given to ``torch.export``); drawn from the inputs' shapes and
+            dtypes when not given.
     """
 
     def __init__(
@@ -75,6 +82,8 @@ class OpenvinoPartitioner(Partitioner):
         boundary_rules: Sequence[BoundaryRule] = DEFAULT_RULES,
         check_by_conversion: bool = True,
         pad_dynamic_outputs: bool = True,
+        check_numerics: bool = True,
+        sample_inputs: Sequence[object] | None = None,
     ) -> None:
         ensure_sole_backend(OpenvinoBackend)
         self.compile_spec = list(compile_spec or [])
@@ -84,6 +93,9 @@ class OpenvinoPartitioner(Partitioner):
         self._boundary_rules = tuple(boundary_rules)
         self._final_rules = (keep_converted_passthroughs_out,) if check_by_conversion else ()
         self._pad_dynamic_outputs = pad_dynamic_outputs
+        self._check_numerics = check_numerics
+        self._sample_inputs = sample_inputs
+        self.numerical_check: NumericalCheck | None = None
         self.reporter = WhyNoPartitionReporter()
         self.report = PartitionReport()
 
@@ -132,6 +144,12 @@ class OpenvinoPartitioner(Partitioner):
 
         Tags nothing: ``partition`` does that once the proposal has settled.
         """
+        stages = [self._boundary_rules, self._final_rules]
+        self.numerical_check = None
+        if self._check_numerics and (values := sample_values(program, self._sample_inputs)) is not None:
+            device = CompileOptions.from_specs(self.compile_spec).device
+            self.numerical_check = NumericalCheck(program, values, device)
+            stages.append((self.numerical_check,))
         excluded: dict[torch.fx.Node, str] = {}
         while True:
             support = OpenvinoOperatorSupport(self._op_types_to_skip, self._op_names_to_skip, excluded)
@@ -139,10 +157,12 @@ class OpenvinoPartitioner(Partitioner):
                 program.graph_module, support, allows_single_node_partition=True
             ).propose_partitions()
             partitions = [p for p in partitions if _has_compute(p)]
-            # The cheap FX rules first; conversion only once they are satisfied.
-            rejected = _apply(self._boundary_rules, partitions, program, excluded) or _apply(
-                self._final_rules, partitions, program, excluded
-            )
+            # The cheap FX rules first; conversion, then running, only once they are satisfied.
+            rejected: dict[torch.fx.Node, str] = {}
+            for rules in stages:
+                rejected = _apply(rules, partitions, program, excluded)
+                if rejected:
+                    break
             if not rejected:
                 return partitions, support.rejected
             for node, reason in rejected.items():

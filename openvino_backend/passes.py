@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass, PassResult
+from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
 
 _EDGE = exir_ops.edge.aten
 
@@ -44,3 +45,12 @@ class DecomposeFloorDividePass(ExportPass):
             return PassResult(graph_module, False)
         graph_module.recompile()
         return PassResult(super().call(graph_module).graph_module, True)
+
+
+def prepare_for_frontend(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Dim-order ops back to their aten forms, floor division fixed: what the frontend converts."""
+    for make_pass in (DimOrderOpsRevertPass, DecomposeFloorDividePass):
+        result = make_pass()(graph_module)
+        if result is not None and result.graph_module is not None:
+            graph_module = result.graph_module
+    return graph_module

@@ -19,7 +19,6 @@ import openvino as ov
 import torch
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
-from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
 from torch.export import ExportedProgram
 
 from openvino_backend.boundary import non_default_dim_order
@@ -27,7 +26,7 @@ from openvino_backend.convert import conversion_error, convert
 from openvino_backend.diagnostics import NodeRef
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import ensure_sole_backend
-from openvino_backend.passes import DecomposeFloorDividePass
+from openvino_backend.passes import prepare_for_frontend
 from openvino_backend.precision import openvino_core
 from openvino_backend.validate import (
     output_nodes,
@@ -91,10 +90,7 @@ class OpenvinoBackend(BackendDetails):
 
 def run_passes(program: ExportedProgram) -> ExportedProgram:
     """Rewrite dim-order ops to aten and fix floor division, for the frontend."""
-    for make_pass in (DimOrderOpsRevertPass, DecomposeFloorDividePass):
-        result = make_pass()(program.graph_module)
-        if result is not None and result.graph_module is not None:
-            program._graph_module = result.graph_module
+    program._graph_module = prepare_for_frontend(program.graph_module)
     return program
 
 

@@ -74,7 +74,7 @@ def _line_of(marker: str) -> int:
 
 @pytest.mark.parametrize("dim_order", [True, False], ids=["dim_order", "no_dim_order"])
 def test_safety_net_catches_a_copy_the_partitioner_let_through(dim_order: bool) -> None:
-    unguarded = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False)
+    unguarded = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False, check_numerics=False)
     config = None if dim_order else NO_DIM_ORDER
     with pytest.raises(PassthroughOutputError) as caught:
         lower(CopyThenSin(), (torch.randn(3, 4),), partitioner=unguarded, compile_config=config)
@@ -100,7 +100,7 @@ def test_without_either_guard_the_program_returns_stale_memory(monkeypatch) -> N
     monkeypatch.setattr(preprocess, "validate_model", lambda *a, **k: None)
     monkeypatch.setattr(preprocess, "validate_compiled", lambda *a, **k: None)
     x = torch.randn(3, 4)
-    program = lower(CopyThenSin(), (x,), partitioner=OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False))
+    program = lower(CopyThenSin(), (x,), partitioner=OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False, check_numerics=False))
     report = check_run(CopyThenSin(), program.buffer, (x,))
     assert not report.ok
     assert not report.outputs[0].values_ok
@@ -134,7 +134,7 @@ class CumsumOfBools(torch.nn.Module):
 
 
 def test_safety_net_refuses_an_output_openvino_types_differently() -> None:
-    partitioner = OpenvinoPartitioner(check_by_conversion=False)
+    partitioner = OpenvinoPartitioner(check_by_conversion=False, check_numerics=False)
     with pytest.raises(OutputTypeError) as caught:
         lower(CumsumOfBools(), (torch.rand(300),), partitioner=partitioner)
     error = caught.value

@@ -1,0 +1,326 @@
+"""Run each proposed partition in OpenVINO and in PyTorch, on the same values, before committing.
+
+The copy rules and the conversion check know the ways a partition is known
+to go wrong; this check assumes none of them. Every node of the program is
+computed once in eager PyTorch on sample values (the user's, or draws shaped
+by ``meta["val"]``); each proposed partition is then converted as preprocess
+converts it, compiled for the target device with the properties the runtime
+will use (none: so in the precision it really computes in), and run the way
+the stock runtime runs it, inputs bound before outputs pre-filled with values
+that cannot pass for a result. Its outputs are compared with PyTorch's.
+
+A disagreement beyond what the device's precision allows is confirmed with
+OpenVINO forced to f32, where anything above 1e-3 is a real error and not
+rounding; a confirmed one is narrowed to the node whose addition makes a
+prefix of the partition wrong, and that node stays on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import openvino as ov
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from openvino_backend.boundary import PartitionView, Rejection, is_getitem, non_default_dim_order
+from openvino_backend.conversion_check import partition_graph
+from openvino_backend.convert import convert
+from openvino_backend.diagnostics import OpenvinoExportError, op_name
+from openvino_backend.precision import Tolerance, effective_dtype, openvino_core
+
+logger = logging.getLogger(__name__)
+
+SampleValues = dict[torch.fx.Node, object]
+
+# An f32 result further than this (relative to its magnitude) from PyTorch's is wrong, not rounded.
+F32_ERROR = 1e-3
+# Integer inputs no index op reads are drawn from [-INT_RANGE, INT_RANGE).
+INT_RANGE = 8
+
+# op -> (position of the indexed tensor, position of the dim or None, position of the index)
+_INDEX_OPS = {
+    "aten.embedding.default": (0, None, 1),
+    "aten.index_select.default": (0, 1, 2),
+    "aten.gather.default": (0, 1, 2),
+    "aten.scatter.src": (0, 1, 2),
+    "aten.scatter.value": (0, 1, 2),
+    "aten.scatter_add.default": (0, 1, 2),
+    "aten.scatter_reduce.two": (0, 1, 2),
+}
+
+
+def sample_values(
+    program: ExportedProgram, sample_inputs: Sequence[object] | None = None, *, seed: int = 0
+) -> SampleValues | None:
+    """Every node's value in eager PyTorch, from ``sample_inputs`` or from draws; None if that fails.
+
+    Drawn integer inputs stay in a range every index op reading them accepts;
+    if eager still refuses the draws (a division by zero, say), positive
+    integers are tried once more.
+    """
+    placeholders = program.graph.find_nodes(op="placeholder")
+    specs = program.graph_signature.input_specs
+    user_inputs = [node for node, spec in zip(placeholders, specs, strict=True) if spec.kind == InputKind.USER_INPUT]
+    attempts: list[list[object]] = []
+    if sample_inputs is not None:
+        given = [x for x in torch.utils._pytree.tree_leaves(sample_inputs)]
+        if len(given) != len(user_inputs):
+            raise ValueError(f"sample_inputs has {len(given)} tensors; the program takes {len(user_inputs)} inputs")
+        attempts.append(given)
+    else:
+        for low in (None, 1):
+            generator = torch.Generator().manual_seed(seed)
+            attempts.append([_draw(node, generator, low) for node in user_inputs])
+    error: Exception | None = None
+    for inputs in attempts:
+        try:
+            return _propagate(program, inputs)
+        except Exception as failure:  # eager refused these values; the check cannot run on them
+            error = failure
+    logger.warning("numerical check skipped: PyTorch could not run the program on sample values (%s)", error)
+    return None
+
+
+def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleValues:
+    values: SampleValues = {}
+    constants = {**program.state_dict, **program.constants}
+    given = iter(user_inputs)
+    flat = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            flat.append(next(given))
+        elif spec.target in constants:
+            flat.append(constants[spec.target])
+        else:
+            raise ValueError(f"no value for input {spec.arg.name} ({spec.kind.name})")
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node: torch.fx.Node) -> object:
+            values[node] = result = super().run_node(node)
+            return result
+
+    with torch.no_grad():
+        Recorder(program.graph_module).run(*flat, enable_io_processing=False)
+    return values
+
+
+def _hint(size: int | torch.SymInt) -> int:
+    if isinstance(size, int):
+        return size
+    hint = size.node.hint
+    return int(hint) if hint is not None else int(size.node.shape_env.size_hint(size.node.expr))
+
+
+def _draw(node: torch.fx.Node, generator: torch.Generator, low: int | None) -> object:
+    val = node.meta.get("val")
+    if isinstance(val, (int, torch.SymInt)):
+        return _hint(val)
+    if not isinstance(val, torch.Tensor):
+        raise ValueError(f"cannot draw a value for input {node.name}")
+    shape = [_hint(d) for d in val.shape]
+    if val.dtype == torch.bool:
+        x = torch.rand(shape, generator=generator) < 0.5
+    elif val.dtype.is_floating_point:
+        x = torch.randn(shape, generator=generator).to(val.dtype)
+    else:
+        bound = _index_bound(node)
+        lo = low if low is not None else (0 if bound is not None else -INT_RANGE)
+        hi = max(lo + 1, bound if bound is not None else INT_RANGE)
+        x = torch.randint(lo, hi, shape, generator=generator, dtype=val.dtype)
+    order = non_default_dim_order(val)
+    if order is not None:  # same logical values, laid out in the input's dim order
+        x = x.permute(order).contiguous().permute(tuple(np.argsort(order)))
+    return x
+
+
+def _index_bound(node: torch.fx.Node) -> int | None:
+    """The smallest size ``node``'s values index into, over the index ops reading it."""
+    bounds = []
+    for user in node.users:
+        where = _INDEX_OPS.get(op_name(user))
+        if where is not None and len(user.args) > where[2] and user.args[where[2]] is node:
+            data, dim = user.args[where[0]], (user.args[where[1]] if where[1] is not None else 0)
+            bounds.append(_hint(data.meta["val"].shape[dim]))
+        elif op_name(user) == "aten.index.Tensor":
+            data, indices = user.args[0], user.args[1]
+            bounds += [_hint(data.meta["val"].shape[i]) for i, index in enumerate(indices) if index is node]
+    return min(bounds) if bounds else None
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """An output of a (sub)partition that OpenVINO computes differently from PyTorch."""
+
+    node: torch.fx.Node
+    detail: str
+
+
+class NumericalCheck:
+    """A partition rule: keep out the node that makes OpenVINO disagree with PyTorch."""
+
+    def __init__(self, program: ExportedProgram, values: SampleValues, device: str = "CPU") -> None:
+        self.program = program
+        self.values = values
+        self.device = device
+        self.narrowed: list[tuple[str, str]] = []  # (op, why) of each node the check kept out
+
+    def __call__(self, part: PartitionView) -> Iterator[Rejection]:
+        nodes = part.ordered()
+        mismatch = self.run(nodes)
+        if mismatch is None:
+            return
+        culprit, mismatch = self.narrow(nodes, mismatch)
+        reason = (
+            f"OpenVINO computes this {op_name(culprit)} differently from PyTorch: {mismatch.detail} "
+            "(found by running the partition on sample values; please report the op)"
+        )
+        self.narrowed.append((op_name(culprit), mismatch.detail))
+        yield culprit, reason
+
+    def narrow(self, nodes: list[torch.fx.Node], mismatch: Mismatch) -> tuple[torch.fx.Node, Mismatch]:
+        """The node whose addition to a prefix of ``nodes`` makes OpenVINO wrong (bisection)."""
+        units = _units(nodes)
+        good, bad = 0, len(units)  # prefix of `good` units agrees; of `bad` units disagrees
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            found = self.run([n for unit in units[:middle] for n in unit])
+            if found is None:
+                good = middle
+            else:
+                bad, mismatch = middle, found
+        return units[bad - 1][0], mismatch
+
+    def run(self, nodes: list[torch.fx.Node]) -> Mismatch | None:
+        """Run ``nodes`` as one partition in OpenVINO; the first output PyTorch disagrees with."""
+        try:
+            graph_module, inputs, outputs = partition_graph(self.program, nodes)
+            model = convert(graph_module)
+        except OpenvinoExportError:
+            return None  # the conversion check and preprocess explain what does not convert
+        if any(not _checkable(self.values.get(node)) for node in (*inputs, *outputs)):
+            return None
+        feeds = [self.values[node] for node in inputs]
+        expected = [self.values[node] for node in outputs]
+        found = self._compare(model, feeds, expected, nodes, outputs, properties={})
+        if found is None:
+            return None
+        # Rounding in a reduced precision, or a wrong result? f32 tells them apart.
+        f32 = {"INFERENCE_PRECISION_HINT": "f32"}
+        if self._compare(model, feeds, expected, nodes, outputs, properties=f32) is None:
+            logger.debug("%s: within rounding once computed in f32 (%s)", found.node.name, found.detail)
+            return None
+        return found
+
+    def _compare(
+        self,
+        model: ov.Model,
+        feeds: list[object],
+        expected: list[torch.Tensor],
+        nodes: Sequence[torch.fx.Node],
+        outputs: Sequence[torch.fx.Node],
+        properties: Mapping[str, str],
+    ) -> Mismatch | None:
+        f32 = bool(properties)
+        depths = _depths(nodes)
+        try:
+            compiled = openvino_core().compile_model(model, self.device, dict(properties))
+            actual, overwritten = run_like_runtime(compiled, feeds, expected)
+        except RuntimeError as error:
+            logger.debug("numerical check could not run a partition: %s", error)
+            return None
+        if overwritten:
+            return Mismatch(outputs[0], "running it overwrote one of its inputs")
+        for node, got, want in zip(outputs, actual, expected, strict=True):
+            tolerance = _tolerance(want, self.device, f32=f32, ops=2 * depths.get(node, 1))
+            if not tolerance.check(got, want):
+                return Mismatch(node, _describe(got, want, tolerance, self.device, f32))
+        return None
+
+
+def run_like_runtime(
+    compiled: ov.CompiledModel, feeds: Sequence[object], expected: Sequence[torch.Tensor]
+) -> tuple[list[torch.Tensor], bool]:
+    """Infer as the stock runtime does: inputs bound first, then output buffers it planned.
+
+    Output buffers start with values no correct result has (NaN, or each
+    expected value plus one), so an output OpenVINO never writes shows.
+    Returns the outputs and whether an input buffer changed.
+    """
+    request = compiled.create_infer_request()
+    given = [_as_tensor(x) for x in feeds]
+    kept = [x.clone() for x in given]
+    for index, x in enumerate(given):
+        request.set_input_tensor(index, ov.Tensor(x.numpy(), shared_memory=True))
+    outputs = [_not_a_result(want) for want in expected]
+    for index, out in enumerate(outputs):
+        request.set_output_tensor(index, ov.Tensor(out.numpy(), shared_memory=True))
+    request.infer()
+    overwritten = any(not torch.equal(a, b) for a, b in zip(given, kept, strict=True))
+    return outputs, overwritten
+
+
+def _as_tensor(value: object) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().contiguous().clone()
+    return torch.tensor([int(value)], dtype=torch.int64)  # the runtime binds an int input as i64[1]
+
+
+def _not_a_result(want: torch.Tensor) -> torch.Tensor:
+    if want.dtype == torch.bool:
+        return ~want.contiguous()
+    if want.dtype.is_floating_point and not want.isnan().any():
+        return torch.full_like(want, math.nan, memory_format=torch.contiguous_format)
+    return (want + 1).contiguous()
+
+
+def _checkable(value: object) -> bool:
+    """Values the check can bind through OpenVINO's Python API (numpy has no bf16)."""
+    if isinstance(value, (int, torch.SymInt)):
+        return True
+    return isinstance(value, torch.Tensor) and value.dtype not in (torch.bfloat16,) and not value.is_complex()
+
+
+def _tolerance(want: torch.Tensor, device: str, *, f32: bool, ops: int) -> Tolerance:
+    scale = float(want.abs().max()) if want.numel() and want.dtype.is_floating_point else 1.0
+    scale = max(scale, 1.0) if math.isfinite(scale) else 1.0
+    if f32:
+        return Tolerance(atol=F32_ERROR * scale, rtol=F32_ERROR) if want.dtype.is_floating_point else Tolerance(0, 0)
+    return Tolerance.for_output(want.dtype, device, scale=scale, ops=max(ops, 4))
+
+
+def _describe(got: torch.Tensor, want: torch.Tensor, tolerance: Tolerance, device: str, f32: bool) -> str:
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)} where PyTorch gives {tuple(want.shape)}"
+    diff = (got.double() - want.double()).abs().nan_to_num(nan=math.inf)
+    where = int(diff.flatten().argmax()) if diff.numel() else 0
+    precision = "f32" if f32 else str(effective_dtype(want.dtype, device)).removeprefix("torch.")
+    return (
+        f"max error {float(diff.max()):.3g} (element {where}: {got.flatten()[where].item()!r} where PyTorch gives "
+        f"{want.flatten()[where].item()!r}), allowed {tolerance.atol:.3g} + {tolerance.rtol:.3g}*|value| in {precision}"
+    )
+
+
+def _units(nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
+    """``nodes`` in order, each with the getitems reading it (they cannot be split from it)."""
+    units: list[list[torch.fx.Node]] = []
+    owner: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in nodes:
+        if is_getitem(node) and node.args[0] in owner:
+            owner[node.args[0]].append(node)
+        else:
+            units.append(owner.setdefault(node, [node]))
+    return units
+
+
+def _depths(nodes: Sequence[torch.fx.Node]) -> dict[torch.fx.Node, int]:
+    """How many ops of ``nodes`` the longest path to each node goes through (roundings in sequence)."""
+    depth: dict[torch.fx.Node, int] = {}
+    for node in nodes:
+        depth[node] = (0 if is_getitem(node) else 1) + max((depth.get(n, 0) for n in node.all_input_nodes), default=0)
+    return depth
