@@ -24,6 +24,7 @@ from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView
 from openvino_backend.conversion_check import keep_converted_passthroughs_out
 from openvino_backend.diagnostics import EdgeTensorError, Finding, NodeRef, op_name
 from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
+from openvino_backend.fold import fold_constant_subgraphs
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.numerics import NumericalCheck, sample_values
 from openvino_backend.precision import warn_if_reduced
@@ -65,6 +66,9 @@ class OpenvinoPartitioner(Partitioner):
         pad_dynamic_outputs: let outputs with dynamic dims be computed in
             OpenVINO, padded to their upper bound and cut to size on the CPU
             (``dynamic.py``). Off, every dynamic output stays on the CPU.
+        fold_constants: compute subgraphs with no run-time input (index
+            arithmetic, masks, position ids) once with PyTorch at export, up
+            to a size (``fold.py``); OpenVINO receives their values.
         check_numerics: run each proposed partition in OpenVINO and in
             PyTorch on the same values and keep out the node that makes them
             disagree (``numerics.py``). Costs a compile per partition.
@@ -82,6 +86,7 @@ class OpenvinoPartitioner(Partitioner):
         boundary_rules: Sequence[BoundaryRule] = DEFAULT_RULES,
         check_by_conversion: bool = True,
         pad_dynamic_outputs: bool = True,
+        fold_constants: bool = True,
         check_numerics: bool = True,
         sample_inputs: Sequence[object] | None = None,
     ) -> None:
@@ -93,6 +98,7 @@ class OpenvinoPartitioner(Partitioner):
         self._boundary_rules = tuple(boundary_rules)
         self._final_rules = (keep_converted_passthroughs_out,) if check_by_conversion else ()
         self._pad_dynamic_outputs = pad_dynamic_outputs
+        self._fold_constants = fold_constants
         self._check_numerics = check_numerics
         self._sample_inputs = sample_inputs
         self.numerical_check: NumericalCheck | None = None
@@ -105,10 +111,13 @@ class OpenvinoPartitioner(Partitioner):
         return list(OPS_TO_NOT_DECOMPOSE), None
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
-        """Route dynamic outputs through ``pad_to_bound`` (see ``dynamic.py``); a new program if any."""
-        if not self._pad_dynamic_outputs:
-            return exported_program
-        return pad_dynamic_outputs(exported_program, bindable=lambda val: unbindable(val) is None)
+        """Fold constant subgraphs (``fold.py``) and route dynamic outputs through ``pad_to_bound``
+        (``dynamic.py``); a new program if either changes anything."""
+        if self._fold_constants:
+            exported_program = fold_constant_subgraphs(exported_program)
+        if self._pad_dynamic_outputs:
+            exported_program = pad_dynamic_outputs(exported_program, bindable=lambda val: unbindable(val) is None)
+        return exported_program
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ensure_sole_backend(OpenvinoBackend)

@@ -90,7 +90,9 @@ def test_preprocess_refuses_a_dynamic_output_on_its_own() -> None:
     # keeps the dynamic output off the edge: preprocess must refuse it, naming
     # the node and the user's line.
     module = SmallCNN().eval()
-    partitioner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False, check_numerics=False, pad_dynamic_outputs=False)
+    partitioner = OpenvinoPartitioner(
+        boundary_rules=(), check_by_conversion=False, check_numerics=False, pad_dynamic_outputs=False
+    )
     with pytest.raises(EdgeTensorError) as caught:
         lower_exported(_export(module, torch.randn(2, 3, 16, 16)), partitioner=partitioner)
     text = str(caught.value)

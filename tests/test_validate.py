@@ -100,7 +100,11 @@ def test_without_either_guard_the_program_returns_stale_memory(monkeypatch) -> N
     monkeypatch.setattr(preprocess, "validate_model", lambda *a, **k: None)
     monkeypatch.setattr(preprocess, "validate_compiled", lambda *a, **k: None)
     x = torch.randn(3, 4)
-    program = lower(CopyThenSin(), (x,), partitioner=OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False, check_numerics=False))
+    program = lower(
+        CopyThenSin(),
+        (x,),
+        partitioner=OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False, check_numerics=False),
+    )
     report = check_run(CopyThenSin(), program.buffer, (x,))
     assert not report.ok
     assert not report.outputs[0].values_ok

@@ -1,0 +1,81 @@
+"""Subgraphs with no run-time input, computed once by PyTorch at export.
+
+Index arithmetic, masks and position ids built from ``arange``/``full`` and
+constants need no OpenVINO at all, and OpenVINO has been seen computing
+such subgraphs wrongly (``arange(-1, 7).abs()`` loses the Abs of its negative
+element in 2026.4.1). Folding them with PyTorch keeps their meaning exactly;
+OpenVINO receives a constant.
+
+Two limits keep the program from growing: a folded tensor larger than
+``max_bytes`` stays a computation (a 2048x2048 mask is cheaper to build at
+run time than to store), and nothing derived from a parameter is folded
+(weights reach OpenVINO as they are, with their dequantize for INT8; a
+folded copy of a transposed weight would store it twice).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from executorch.exir.operator.util import _QUANT_PRIMITIVES
+from executorch.exir.passes.constant_prop_pass import (
+    create_constant_nodes_and_return_specs,
+    get_propagated_const_tensor_dict,
+)
+from torch.export import ExportedProgram
+
+logger = logging.getLogger(__name__)
+
+MAX_FOLDED_BYTES = 1 << 18
+
+# Not folded: a filled tensor is cheaper to build than to store, and quantization primitives
+# must reach OpenVINO as a pattern (ExecuTorch's constant propagation skips the same).
+_SKIP = {torch.ops.aten.full.default, *_QUANT_PRIMITIVES}
+
+
+def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDED_BYTES) -> ExportedProgram:
+    """A copy of ``program`` whose foldable constant subgraphs are replaced by their values
+    (``program`` itself when there are none)."""
+    if not _foldable(program, max_bytes):
+        return program
+    program = program._update(
+        copy.deepcopy(program.graph_module),
+        copy.deepcopy(program.graph_signature),
+        state_dict=dict(program.state_dict),
+        constants=dict(program.constants),
+    )
+    folded = _foldable(program, max_bytes)
+    logger.debug("folding constant nodes: %s", ", ".join(n.name for n in folded if n.op != "placeholder"))
+    specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
+    specs.update(create_constant_nodes_and_return_specs(folded, program))
+    program.graph_signature.input_specs = [specs[node.name] for node in program.graph.find_nodes(op="placeholder")]
+    program.graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return program
+
+
+def _foldable(program: ExportedProgram, max_bytes: int) -> dict[torch.fx.Node, torch.Tensor]:
+    """Constant placeholders and the computed nodes to fold, with values; empty if nothing to fold."""
+    values = get_propagated_const_tensor_dict(program, custom_skip_targets=_SKIP)
+    parameters = set(program.graph_signature.inputs_to_parameters)
+    outputs = set(program.graph.output_node().all_input_nodes)
+    from_parameter: set[torch.fx.Node] = set()
+    folded = {}
+    for node, value in values.items():
+        if node.op == "placeholder":
+            if node.name in parameters:
+                from_parameter.add(node)
+            folded[node] = value
+            continue
+        if any(source in from_parameter for source in node.all_input_nodes):
+            from_parameter.add(node)
+            continue
+        if isinstance(value, torch.Tensor) and node not in outputs and _nbytes(value) <= max_bytes:
+            folded[node] = value
+    return folded if any(node.op != "placeholder" for node in folded) else {}
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

@@ -1,0 +1,115 @@
+"""OpenVINO's own mistakes: constant subgraphs folded by PyTorch, every partition run against PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import openvino_backend.preprocess as preprocess
+from openvino_backend import OpenvinoPartitioner
+from openvino_backend.verify import check_run, lower
+from tests.harness import NO_DIM_ORDER, execute_layer_test, non_delegated_ops
+
+
+class ShiftByAbsRange(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # OpenVINO 2026.4.1 converts this to Range -> Convert -> Abs -> Subtract and loses the
+        # Abs of the negative element: element 0 comes back as x + 1 instead of x - 1.
+        return x - torch.arange(-1, 7).abs()
+
+
+class CopyThenSin(torch.nn.Module):
+    def forward(self, x: torch.Tensor):
+        y = x.clone()
+        return y, torch.sin(y)
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(5, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.table(ids)) * 2
+
+
+def _kept_out(partitioner: OpenvinoPartitioner) -> dict[str, str]:
+    return {ref.op: reason for ref, reason in partitioner.report.kept_out}
+
+
+def test_openvino_miscomputes_the_range_when_nothing_guards_it() -> None:
+    """The case is real: without folding or the check, the lowered program is wrong."""
+    x = torch.randn(8)
+    partitioner = OpenvinoPartitioner(fold_constants=False, check_numerics=False)
+    program = lower(ShiftByAbsRange(), (x,), partitioner=partitioner)
+    report = check_run(ShiftByAbsRange(), program.buffer, (x,))
+    assert not report.outputs[0].values_ok
+
+
+def test_constant_subgraphs_are_computed_by_pytorch() -> None:
+    partitioner = OpenvinoPartitioner(check_numerics=False)
+    program = execute_layer_test(ShiftByAbsRange(), (torch.randn(8),), partitioner=partitioner)
+    graph = program.exported_program().graph_module.lowered_module_0.original_module.graph
+    ops = {str(node.target) for node in graph.nodes if node.op == "call_function"}
+    assert not any("arange" in op or "abs" in op for op in ops), ops
+
+
+def test_large_constants_are_left_to_run_time() -> None:
+    class Masked(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = torch.arange(1024 * 1024).reshape(1024, 1024) % 3 == 0  # 1 MiB of bool
+            return x.masked_fill(mask, 0.0)
+
+    partitioner = OpenvinoPartitioner(check_numerics=False)
+    program = execute_layer_test(Masked(), (torch.randn(1024, 1024),), partitioner=partitioner)
+    graph = program.exported_program().graph_module.lowered_module_0.original_module.graph
+    assert any("arange" in str(node.target) for node in graph.nodes)
+
+
+def test_numerical_check_keeps_the_miscomputed_op_out() -> None:
+    partitioner = OpenvinoPartitioner(fold_constants=False)
+    execute_layer_test(ShiftByAbsRange(), (torch.randn(8),), expected_partitions=None, partitioner=partitioner)
+    kept = _kept_out(partitioner)
+    assert "aten.abs.default" in kept
+    assert "differently from PyTorch" in kept["aten.abs.default"]
+    assert "where PyTorch gives 1" in kept["aten.abs.default"]
+    assert partitioner.numerical_check is not None
+    assert [op for op, _ in partitioner.numerical_check.narrowed] == ["aten.abs.default"]
+
+
+def test_numerical_check_alone_keeps_a_passthrough_from_returning_stale_memory(monkeypatch) -> None:
+    """With the copy rules, the conversion check and the validator all off, the check still holds."""
+    monkeypatch.setattr(preprocess, "validate_model", lambda *a, **k: None)
+    monkeypatch.setattr(preprocess, "validate_compiled", lambda *a, **k: None)
+    partitioner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False)
+    program = execute_layer_test(
+        CopyThenSin(),
+        (torch.randn(3, 4),),
+        expected_partitions=None,
+        partitioner=partitioner,
+        compile_config=NO_DIM_ORDER,
+    )
+    assert "aten.clone.default" in _kept_out(partitioner)
+    assert "clone.out" in non_delegated_ops(program)
+
+
+def test_drawn_indices_stay_in_the_range_the_index_op_accepts() -> None:
+    partitioner = OpenvinoPartitioner()
+    execute_layer_test(Lookup().eval(), (torch.tensor([[0, 4, 2]]),), expected_partitions=None, partitioner=partitioner)
+    assert partitioner.numerical_check is not None  # PyTorch ran the program on drawn ids
+
+
+def test_sample_inputs_must_match_the_program() -> None:
+    partitioner = OpenvinoPartitioner(sample_inputs=(torch.randn(8), torch.randn(8)))
+    with pytest.raises(ValueError, match="sample_inputs has 2 tensors; the program takes 1 input"):
+        lower(ShiftByAbsRange(), (torch.randn(8),), partitioner=partitioner)
+
+
+def test_the_check_runs_on_the_users_sample_inputs() -> None:
+    sample = torch.full((8,), 3.0)
+    partitioner = OpenvinoPartitioner(fold_constants=False, sample_inputs=(sample,))
+    execute_layer_test(ShiftByAbsRange(), (torch.randn(8),), expected_partitions=None, partitioner=partitioner)
+    check = partitioner.numerical_check
+    assert check is not None
+    given = [value for node, value in check.values.items() if node.op == "placeholder" and node.name == "x"]
+    assert len(given) == 1 and torch.equal(given[0], sample)
