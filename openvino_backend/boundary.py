@@ -20,7 +20,7 @@ Why each rule exists:
   (``edge_layout.py``), so this rule is not needed for correctness; it is
   there for users who would rather run layout changes on the CPU.
 * ``keep_unbindable_tensors_out``: the runtime maps only some scalar types to
-  OpenVINO element types, cannot bind 0-d tensors, and never resizes an
+  OpenVINO element types, cannot bind 0-d or empty tensors, and never resizes an
   output of dynamic shape; any of these at the edge fails (or returns the
   wrong shape) at run time.
 """
@@ -172,6 +172,10 @@ def keep_boundary_copies_out(part: PartitionView) -> Iterator[Rejection]:
         if not is_copy(node):
             continue
         root = part.copy_root(node)
+        if root not in part.nodes and changes_layout(root, node):
+            # Preprocess adapts each edge tensor to its own dim order (edge_layout.py): between
+            # an input and an output in different orders OpenVINO moves the data, a real op.
+            continue
         if root not in part.nodes:
             yield (
                 node,
@@ -194,6 +198,11 @@ def keep_boundary_copies_out(part: PartitionView) -> Iterator[Rejection]:
                         "OpenVINO converts it to nothing, so both outputs would name one tensor"
                     ),
                 )
+
+
+def changes_layout(source: torch.fx.Node, copy: torch.fx.Node) -> bool:
+    """True when ``copy`` lays ``source``'s values out in another dim order."""
+    return non_default_dim_order(_val(source)) != non_default_dim_order(_val(copy))
 
 
 def is_getitem(node: torch.fx.Node) -> bool:
@@ -264,11 +273,16 @@ def unbindable(val: object) -> str | None:
         # create_ov_tensor builds an ov_shape of the tensor's rank, and OpenVINO's
         # C API refuses rank 0: the delegate fails with error 0x1 at run time.
         return "as a 0-d tensor, which the OpenVINO runtime cannot bind (error 0x1 at run time)"
+    if any(isinstance(d, int) and d == 0 for d in val.shape):
+        # OpenVINO's C API refuses a tensor over no memory: error 0x1 at run time.
+        return f"as an empty tensor {tuple(val.shape)}, which the OpenVINO runtime cannot bind (error 0x1 at run time)"
     return None
 
 
 def unbindable_output(val: object) -> str | None:
     """Why the runtime cannot hand ``val`` back as a partition output, or None."""
+    if isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return "as a scalar, which the OpenVINO runtime cannot return (it expects a tensor: error 0x12)"
     if (why := unbindable(val)) is not None:
         return why
     if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):

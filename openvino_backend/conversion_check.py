@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
+import openvino as ov
 import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
-from openvino_backend.boundary import PartitionView, Rejection, owned_constants
+from openvino_backend.boundary import PartitionView, Rejection, non_default_dim_order, owned_constants
 from openvino_backend.convert import convert, failed_node_names
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
+from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.passes import prepare_for_frontend
 from openvino_backend.validate import find_passthroughs, find_type_mismatches
 
@@ -55,11 +58,32 @@ def partition_graph(
     return graph_module, tuple(runtime_inputs), tuple(outputs)
 
 
+@dataclass(frozen=True)
+class ConvertedPartition:
+    """A proposed partition converted as preprocess converts it, edge layouts adapted."""
+
+    model: ov.Model
+    inputs: tuple[torch.fx.Node, ...]  # run-time inputs, in Parameter order
+    outputs: tuple[torch.fx.Node, ...]  # in Result order
+    input_orders: tuple[DimOrder | None, ...]
+    output_orders: tuple[DimOrder | None, ...]
+
+
+def convert_partition(program: ExportedProgram, nodes: Sequence[torch.fx.Node]) -> ConvertedPartition:
+    """Raises ``OpenvinoExportError`` (a ``ConversionError``, a ``DimOrderError``) as preprocess would."""
+    graph_module, inputs, outputs = partition_graph(program, nodes)
+    model = convert(graph_module)
+    input_orders = tuple(non_default_dim_order(node.meta.get("val")) for node in inputs)
+    output_orders = tuple(non_default_dim_order(node.meta.get("val")) for node in outputs)
+    adapt_edge_layouts(model, input_orders, output_orders)
+    return ConvertedPartition(model, inputs, outputs, input_orders, output_orders)
+
+
 def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
     """Outputs OpenVINO would feed straight from a Parameter, found by converting the partition."""
     try:
-        graph_module, _, outputs = partition_graph(part.program, part.ordered())
-        model = convert(graph_module)
+        converted = convert_partition(part.program, part.ordered())
+        model, outputs = converted.model, converted.outputs
     except OpenvinoExportError as error:
         # OpenVINO names the ops it could not convert by their FX node names:
         # keep those out. Otherwise preprocess converts again and explains.

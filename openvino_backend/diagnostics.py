@@ -70,6 +70,8 @@ def op_name(node: torch.fx.Node) -> str:
     """``aten.clone.default`` for a call, ``placeholder`` / ``output`` otherwise."""
     if node.op == "call_function":
         target = node.target
+        if isinstance(target, torch._ops.OpOverload):  # before to_edge: ``aten::abs`` + overload
+            return f"{target._schema.name.replace('::', '.')}.{target._overloadname}"
         return target if isinstance(target, str) else getattr(target, "__name__", str(target))
     return node.op
 
@@ -195,6 +197,16 @@ class DimOrderError(OpenvinoExportError):
 @dataclass(eq=False)
 class ConversionError(OpenvinoExportError):
     """OpenVINO's frontend or compiler refused a partition."""
+
+
+@dataclass(eq=False)
+class CpuKernelError(OpenvinoExportError):
+    """An op left on the CPU that ExecuTorch's kernels cannot run: the program would fail at run time."""
+
+
+@dataclass(eq=False)
+class FusionOrderError(OpenvinoExportError):
+    """ExecuTorch's partition fusing would leave an invalid program (a check placed after the output)."""
 
 
 @dataclass(eq=False)

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 import openvino as ov
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from openvino_backend.boundary import PartitionView, Rejection, is_getitem, non_default_dim_order
-from openvino_backend.conversion_check import partition_graph
-from openvino_backend.convert import convert
+from openvino_backend.conversion_check import convert_partition
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
+from openvino_backend.edge_layout import DimOrder, inverse
 from openvino_backend.precision import Tolerance, effective_dtype, openvino_core
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ def sample_values(
 def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleValues:
     values: SampleValues = {}
     constants = {**program.state_dict, **program.constants}
+    fake = sorted(name for name, value in constants.items() if isinstance(value, FakeTensor))
+    if fake:
+        raise ValueError(f"the program's weights are fake tensors ({', '.join(fake[:3])}...)")
     given = iter(user_inputs)
     flat = []
     for spec in program.graph_signature.input_specs:
@@ -199,20 +203,23 @@ class NumericalCheck:
     def run(self, nodes: list[torch.fx.Node]) -> Mismatch | None:
         """Run ``nodes`` as one partition in OpenVINO; the first output PyTorch disagrees with."""
         try:
-            graph_module, inputs, outputs = partition_graph(self.program, nodes)
-            model = convert(graph_module)
+            converted = convert_partition(self.program, nodes)
         except OpenvinoExportError:
             return None  # the conversion check and preprocess explain what does not convert
-        if any(not _checkable(self.values.get(node)) for node in (*inputs, *outputs)):
+        model, inputs, outputs = converted.model, converted.inputs, converted.outputs
+        if not all(_checkable(self.values.get(node)) for node in inputs) or not all(
+            _checkable(self.values.get(node), scalar=False) for node in outputs
+        ):
             return None
-        feeds = [self.values[node] for node in inputs]
+        feeds = [_as_bound(self.values[n], order) for n, order in zip(inputs, converted.input_orders, strict=True)]
         expected = [self.values[node] for node in outputs]
-        found = self._compare(model, feeds, expected, nodes, outputs, properties={})
+        orders = converted.output_orders
+        found = self._compare(model, feeds, expected, nodes, outputs, orders, properties={})
         if found is None:
             return None
         # Rounding in a reduced precision, or a wrong result? f32 tells them apart.
         f32 = {"INFERENCE_PRECISION_HINT": "f32"}
-        if self._compare(model, feeds, expected, nodes, outputs, properties=f32) is None:
+        if self._compare(model, feeds, expected, nodes, outputs, orders, properties=f32) is None:
             logger.debug("%s: within rounding once computed in f32 (%s)", found.node.name, found.detail)
             return None
         return found
@@ -224,13 +231,16 @@ class NumericalCheck:
         expected: list[torch.Tensor],
         nodes: Sequence[torch.fx.Node],
         outputs: Sequence[torch.fx.Node],
+        orders: Sequence[DimOrder | None],
         properties: Mapping[str, str],
     ) -> Mismatch | None:
         f32 = bool(properties)
         depths = _depths(nodes)
         try:
             compiled = openvino_core().compile_model(model, self.device, dict(properties))
-            actual, overwritten = run_like_runtime(compiled, feeds, expected)
+            planned = [_as_bound(want, order) for want, order in zip(expected, orders, strict=True)]
+            bound, overwritten = run_like_runtime(compiled, feeds, planned)
+            actual = [_from_bound(b, o, w.shape) for b, o, w in zip(bound, orders, expected, strict=True)]
         except RuntimeError as error:
             logger.debug("numerical check could not run a partition: %s", error)
             return None
@@ -265,6 +275,20 @@ def run_like_runtime(
     return outputs, overwritten
 
 
+def _as_bound(value: object, order: DimOrder | None) -> object:
+    """``value`` as the runtime binds it: its logical sizes over memory laid out in ``order``."""
+    if order is None or not isinstance(value, torch.Tensor):
+        return value
+    return value.permute(order).contiguous().reshape(value.shape)
+
+
+def _from_bound(value: torch.Tensor, order: DimOrder | None, shape: Sequence[int]) -> torch.Tensor:
+    """The logical tensor whose memory, laid out in ``order``, the runtime bound as ``value``."""
+    if order is None:
+        return value
+    return value.reshape([shape[d] for d in order]).permute(inverse(order))
+
+
 def _as_tensor(value: object) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach().contiguous().clone()
@@ -279,10 +303,10 @@ def _not_a_result(want: torch.Tensor) -> torch.Tensor:
     return (want + 1).contiguous()
 
 
-def _checkable(value: object) -> bool:
-    """Values the check can bind through OpenVINO's Python API (numpy has no bf16)."""
+def _checkable(value: object, *, scalar: bool = True) -> bool:
+    """Values the check can bind through OpenVINO's Python API (numpy has no bf16); ints if ``scalar``."""
     if isinstance(value, (int, torch.SymInt)):
-        return True
+        return scalar
     return isinstance(value, torch.Tensor) and value.dtype not in (torch.bfloat16,) and not value.is_complex()
 
 

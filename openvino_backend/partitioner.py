@@ -9,6 +9,7 @@ proposed again, until no rule objects. Every refusal is recorded in a
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -17,12 +18,15 @@ import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import WhyNoPartitionReporter, tag_constant_data
+from executorch.exir.lowered_backend_module import create_submodule_from_nodes
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 
 from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, is_getitem, unbindable
 from openvino_backend.conversion_check import keep_converted_passthroughs_out
-from openvino_backend.diagnostics import EdgeTensorError, Finding, NodeRef, op_name
+from openvino_backend.cpu_kernels import ensure_cpu_runnable
+from openvino_backend.diagnostics import EdgeTensorError, Finding, FusionOrderError, NodeRef, op_name
 from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
 from openvino_backend.fold import fold_constant_subgraphs
 from openvino_backend.guard import ensure_sole_backend
@@ -30,6 +34,9 @@ from openvino_backend.numerics import NumericalCheck, sample_values
 from openvino_backend.precision import warn_if_reduced
 from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport
+
+# Names of the ops kept whole for OpenVINO: not core ATen, so not runnable on the CPU as they are.
+KEPT_WHOLE = frozenset(str(op).replace("::", ".") for op in OPS_TO_NOT_DECOMPOSE)
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +109,16 @@ class OpenvinoPartitioner(Partitioner):
         self._check_numerics = check_numerics
         self._sample_inputs = sample_inputs
         self.numerical_check: NumericalCheck | None = None
+        self._real_state: dict[str, torch.Tensor] = {}
         self.reporter = WhyNoPartitionReporter()
         self.report = PartitionReport()
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
-        return list(OPS_TO_NOT_DECOMPOSE), None
+        # Kept whole only where OpenVINO would take it; elsewhere decomposed for the CPU's kernels.
+        support = OpenvinoOperatorSupport(self._op_types_to_skip, self._op_names_to_skip)
+        return list(OPS_TO_NOT_DECOMPOSE), lambda node: support.rejection(node) is None
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         """Fold constant subgraphs (``fold.py``) and route dynamic outputs through ``pad_to_bound``
@@ -117,12 +127,19 @@ class OpenvinoPartitioner(Partitioner):
             exported_program = fold_constant_subgraphs(exported_program)
         if self._pad_dynamic_outputs:
             exported_program = pad_dynamic_outputs(exported_program, bindable=lambda val: unbindable(val) is None)
+        # ExecuTorch hands ``partition`` a copy whose state dict holds fake tensors; the checks
+        # that convert and run partitions need the real weights.
+        self._real_state.update(exported_program.state_dict)
         return exported_program
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ensure_sole_backend(OpenvinoBackend)
+        _restore_real_state(exported_program, self._real_state)
         partitions, rejected = self.propose(exported_program)
         _ensure_pads_delegated(exported_program, partitions, rejected)
+        delegated = {node for p in partitions for node in p.nodes}
+        ensure_cpu_runnable(exported_program.graph_module, delegated, rejected, KEPT_WHOLE)
+        _ensure_fusable(exported_program.graph_module, partitions)
         self.reporter = WhyNoPartitionReporter()
         for node, reason in rejected.items():
             self.reporter.report_reject(node, reason)
@@ -159,7 +176,7 @@ class OpenvinoPartitioner(Partitioner):
             device = CompileOptions.from_specs(self.compile_spec).device
             self.numerical_check = NumericalCheck(program, values, device)
             stages.append((self.numerical_check,))
-        excluded: dict[torch.fx.Node, str] = {}
+        excluded = _feeding_only_checks(program.graph)
         while True:
             support = OpenvinoOperatorSupport(self._op_types_to_skip, self._op_names_to_skip, excluded)
             partitions = CapabilityBasedPartitioner(
@@ -196,6 +213,78 @@ def _apply(
                 if target not in excluded:
                     rejected.setdefault(target, reason)
     return rejected
+
+
+def _ensure_fusable(graph_module: torch.fx.GraphModule, partitions: list[Partition]) -> None:
+    """Fuse the partitions as ExecuTorch will, on a copy, when the graph holds run-time checks.
+
+    ExecuTorch re-sorts the graph after fusing each partition, and its sort
+    can move a node with no users (``_assert_async`` from ``one_hot``'s
+    decomposition, say) past the output node: an invalid program that torch's
+    verifier rejects with a bare ``AssertionError``. Only graphs with such
+    nodes are at risk, so only they pay for the trial.
+    """
+    checks = [n for n in graph_module.graph.nodes if n.op == "call_function" and not n.users]
+    if not checks or not partitions:
+        return
+    trial = copy.deepcopy(graph_module)
+    by_name = {node.name: node for node in trial.graph.nodes}
+    for index, partition in enumerate(partitions):
+        nodes = [by_name[node.name] for node in graph_module.graph.nodes if node in partition.nodes]
+        create_submodule_from_nodes(trial, nodes, f"trial_{index}")
+    last = list(trial.graph.nodes)[-1]
+    if last.op == "output":
+        return
+    raise FusionOrderError(
+        summary="ExecuTorch's partition fusing would place run-time checks after the program's output",
+        findings=(
+            Finding("checks with no users, made by a decomposition:", tuple(NodeRef.from_node(n) for n in checks)),
+        ),
+        why=(
+            "after fusing a partition ExecuTorch re-sorts the graph, and its sort puts nodes that nothing\n"
+            "reads after the output when their inputs are computed late; torch's verifier then refuses the program"
+        ),
+        fix=(
+            "compute the op without its run-time check (ExecuTorch drops these checks at to_executorch anyway);\n"
+            "for one_hot: (index.unsqueeze(-1) == torch.arange(num_classes)).to(dtype)"
+        ),
+    )
+
+
+def _restore_real_state(program: ExportedProgram, real: dict[str, torch.Tensor]) -> None:
+    """Put real tensors back in the state dict of the fake copy ExecuTorch partitions.
+
+    Nothing here writes to them; ExecuTorch restores the real program after
+    partitioning anyway. Fake values left (a program not seen by
+    ``transform_for_pre_decomposition``) make the numerical check stand aside.
+    """
+    placeholders = program.graph.find_nodes(op="placeholder")
+    for node, spec in zip(placeholders, program.graph_signature.input_specs, strict=True):
+        value = program.state_dict.get(spec.target) if spec.target is not None else None
+        if not isinstance(value, FakeTensor):
+            continue
+        # Constants ExecuTorch lifts during to_edge (a scalar operand) keep their value on the fake.
+        restored = real.get(spec.target, getattr(node.meta.get("val"), "constant", None))
+        if restored is not None:
+            program.state_dict[spec.target] = restored
+
+
+def _feeding_only_checks(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
+    """Nodes whose results reach no output, only run-time checks (``_assert_async`` and the like).
+
+    Delegated, they would leave a partition whose only reader is a node with
+    no users, which ExecuTorch's partition fusing can move past the output
+    node (an invalid program: "last node must be output").
+    """
+    reaches_output: set[torch.fx.Node] = set()
+    for node in reversed(graph.nodes):
+        if node.op == "output" or any(user in reaches_output for user in node.users):
+            reaches_output.add(node)
+    return {
+        node: "its result only feeds a run-time check, which ExecuTorch runs on the CPU"
+        for node in graph.nodes
+        if node.op == "call_function" and node not in reaches_output
+    }
 
 
 def _computes(node: torch.fx.Node) -> bool:

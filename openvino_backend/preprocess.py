@@ -71,7 +71,6 @@ class OpenvinoBackend(BackendDetails):
         graph_module = run_passes(edge_program).module()
         validate_edge_tensors(graph_module, partition=options.partition)
         model = convert(graph_module, partition=options.partition)
-        validate_model(model, graph_module, partition=options.partition)
         validate_output_types(model, graph_module, partition=options.partition)
         if any(order is not None for order in (*input_orders, *output_orders)):
             readers, writers = edge_nodes(graph_module)
@@ -83,6 +82,8 @@ class OpenvinoBackend(BackendDetails):
                 input_nodes=readers,
                 output_nodes=writers,
             )
+        # After the layouts: an input copied to an output in another dim order is a real transpose.
+        validate_model(model, graph_module, partition=options.partition)
         compiled = compile_model(model, options, graph_module)
         validate_compiled(compiled, graph_module, partition=options.partition)
         return PreprocessResult(processed_bytes=compiled.export_model().getvalue())

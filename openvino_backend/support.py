@@ -134,6 +134,9 @@ class OpenvinoOperatorSupport(OperatorSupportBase):
             return "skipped by the partitioner's op_types_to_skip / op_names_to_skip"
         if op == "getitem":
             return None
+        if isinstance(node.meta.get("val"), (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            # A delegate returns tensors; ExecuTorch evaluates size arithmetic on the CPU at run time.
+            return "computes a size (a scalar, not a tensor), which ExecuTorch evaluates on the CPU"
         if op not in openvino_supported_ops():
             return f"OpenVINO's PyTorch frontend has no conversion for {op}"
         if op in WRONG_RESULTS:

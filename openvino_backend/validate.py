@@ -208,7 +208,7 @@ def validate_edge_tensors(graph_module: torch.fx.GraphModule, *, partition: int 
     The partitioner's ``keep_unbindable_tensors_out`` rule keeps such tensors
     off the edge; this check does not trust it. The stock runtime binds
     outputs at the sizes ExecuTorch planned (the upper bound of a dynamic dim)
-    and never resizes them, cannot bind a 0-d tensor, and maps only some
+    and never resizes them, cannot bind a 0-d or empty tensor, and maps only some
     dtypes: any of these would fail at run time, or return the wrong shape.
     """
     findings = []
@@ -230,7 +230,7 @@ def validate_edge_tensors(graph_module: torch.fx.GraphModule, *, partition: int 
         findings=tuple(findings),
         why=(
             "the ExecuTorch OpenVINO runtime binds partition outputs at their planned (upper-bound) sizes\n"
-            "and never resizes them, refuses 0-d tensors (error 0x1) and binds only some dtypes; the\n"
+            "and never resizes them, refuses 0-d and empty tensors (error 0x1) and binds only some dtypes; the\n"
             "program would fail at run time or return a tensor of the wrong shape"
         ),
         fix=(

@@ -1,0 +1,81 @@
+"""Every exported program runs: what OpenVINO does not take, ExecuTorch's kernels can; or export says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openvino_backend import CpuKernelError, FusionOrderError, OpenvinoPartitioner
+from openvino_backend.verify import lower
+from tests.harness import execute_layer_test, non_delegated_ops
+
+
+class Detach(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+
+class SinOfEmpty(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) * 2
+
+
+class ShuffleAfterAdd(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pixel_shuffle(x + torch.arange(5), 2)
+
+
+class OneHotOfArgmax(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(torch.argmax(x, -1), 5).float()
+
+
+class CeilPool3d(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.avg_pool3d(x, 2, stride=2, ceil_mode=True)
+
+
+def _channels_last() -> torch.Tensor:
+    return torch.randn(1, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+
+
+def test_a_layout_changing_copy_of_an_input_runs_in_openvino() -> None:
+    # ExecuTorch's edge program returns a contiguous alias_copy of the channels-last input; its
+    # portable kernel refuses two dim orders (error 0x12). In OpenVINO it is a real transpose.
+    program = execute_layer_test(Detach(), (_channels_last(),), expected_partitions=1)
+    assert non_delegated_ops(program) == []
+
+
+def test_a_layout_changing_copy_left_on_the_cpu_is_refused_at_export() -> None:
+    partitioner = OpenvinoPartitioner(op_types_to_skip={"aten.alias_copy.default"})
+    with pytest.raises(CpuKernelError) as caught:
+        lower(Detach(), (_channels_last(),), partitioner=partitioner)
+    text = str(caught.value)
+    assert "different dim orders" in text and "return x.detach()" in text and ".contiguous()" in text
+
+
+def test_empty_tensors_stay_off_the_openvino_edge() -> None:
+    partitioner = OpenvinoPartitioner()
+    execute_layer_test(SinOfEmpty(), (torch.randn(0, 3),), expected_partitions=0, partitioner=partitioner)
+    assert any("empty tensor (0, 3)" in reason for _, reason in partitioner.report.kept_out)
+
+
+def test_an_op_kept_whole_but_not_delegated_is_decomposed_for_the_cpu() -> None:
+    # OpenVINO's table has no pixel_shuffle: it must not be kept whole for it.
+    program = execute_layer_test(ShuffleAfterAdd(), (torch.randn(1, 4, 3, 5),), expected_partitions=None)
+    assert "pixel_shuffle" not in " ".join(non_delegated_ops(program))
+
+
+def test_a_cpu_op_without_a_kernel_is_refused_at_export() -> None:
+    with pytest.raises(CpuKernelError) as caught:
+        lower(CeilPool3d(), (torch.randn(1, 2, 5, 5, 5),))
+    text = str(caught.value)
+    assert "no CPU kernel for aten::avg_pool3d.out" in text and "ceil-mode window" in text
+    assert "avg_pool3d(x, 2, stride=2, ceil_mode=True)" in text
+
+
+def test_checks_the_fusing_would_misplace_are_refused_with_a_typed_error() -> None:
+    with pytest.raises(FusionOrderError) as caught:
+        lower(OneHotOfArgmax(), (torch.randn(2, 3, 4),))
+    text = str(caught.value)
+    assert "one_hot" in text and "torch.arange(num_classes)" in text
