@@ -132,7 +132,7 @@ def bench_models(names: list[str], reps: int, iterations: int, workdir: Path) ->
                         times[backend].append(reply["seconds"])
                         if backend == "ours":
                             steps.append(reply["steps"])
-            lowering_rows.append(_lowering_row(model_name, times, errors))
+            lowering_rows.append(_lowering_row(model_name, times, errors, steps))
             if steps:
                 step_rows.append(_steps_row(model_name, steps))
             inference_rows.append(_inference_row(model_name, paths, errors, reps, iterations))
@@ -142,8 +142,15 @@ def bench_models(names: list[str], reps: int, iterations: int, workdir: Path) ->
     return lowering_rows, inference_rows, step_rows
 
 
-def _lowering_row(name: str, times: dict[str, list[float]], errors: dict[str, str]) -> tuple:
+def _lowering_row(name: str, times: dict[str, list[float]], errors: dict[str, str], steps: list[dict]) -> tuple:
     ours, upstream, unchecked = times["ours"], times["upstream"], times["ours-no-check"]
+    # The numerical check's own time, measured inside each of our lowerings.
+    numerics = [s.get("numerical_check", 0.0) for s in steps]
+    share = (
+        f"{statistics.median(numerics):.2f} ({100 * _median_ratio(numerics, ours):.1f}%)"
+        if numerics and len(numerics) == len(ours)
+        else "-"
+    )
 
     def ratio(a: list[float], b: list[float]) -> str:
         return f"{_median_ratio(a, b):.2f}" if a and len(a) == len(b) else "-"
@@ -152,7 +159,15 @@ def _lowering_row(name: str, times: dict[str, list[float]], errors: dict[str, st
         values = times[backend]
         return f"{statistics.median(values):.2f}" if values else errors.get(backend, "-")[:60]
 
-    return (name, cell("ours"), cell("upstream"), ratio(ours, upstream), cell("ours-no-check"), ratio(ours, unchecked))
+    return (
+        name,
+        cell("ours"),
+        cell("upstream"),
+        ratio(ours, upstream),
+        cell("ours-no-check"),
+        ratio(ours, unchecked),
+        share,
+    )
 
 
 CHECK_STEPS = ("validate_model", "validate_output_types", "validate_compiled", "edge_dim_orders")
@@ -251,7 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         lowering, inference, steps = bench_models(names, reps, iterations, Path(tmp))
     print(f"\nLowering time, s (to_edge_transform_and_lower + to_executorch; median of {reps}, interleaved)")
-    headers = ("model", "ours", "upstream", "ours/upstream", "ours, no conversion check", "check cost (ratio)")
+    headers = (
+        "model",
+        "ours",
+        "upstream",
+        "ours/upstream",
+        "ours, no conversion check",
+        "conversion check (ratio)",
+        "numerical check s (share)",
+    )
     print(tabulate(lowering, headers=headers))
     print(f"\nInference latency, ms per call (median of {reps} x {iterations}), max abs error vs eager")
     print(tabulate(inference, headers=("model", "ours", "upstream", "plain OpenVINO", "ours/upstream", "ours/plain")))

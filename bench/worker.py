@@ -64,6 +64,26 @@ def _instrument_preprocess(totals: dict[str, float]) -> None:
     backend.preprocess = classmethod(preprocess)
 
 
+def _instrument_partitioner(totals: dict[str, float]) -> None:
+    """Time the partitioner's checks that convert and run partitions (their share of lowering)."""
+    import openvino_backend.numerics as numerics
+    import openvino_backend.partitioner as part
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[name] += time.perf_counter() - start
+
+        return wrapper
+
+    part.sample_values = timed("numerical_check", part.sample_values)
+    part.keep_converted_passthroughs_out = timed("conversion_check", part.keep_converted_passthroughs_out)
+    numerics.NumericalCheck.__call__ = timed("numerical_check", numerics.NumericalCheck.__call__)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("ours", "ours-no-check", "upstream"), required=True)
@@ -85,6 +105,7 @@ def main() -> int:
         from openvino_backend import OpenvinoPartitioner
 
         _instrument_preprocess(steps)
+        _instrument_partitioner(steps)
         if args.backend == "ours-no-check":  # what conversion-aware partitioning costs
             OpenvinoPartitioner = functools.partial(OpenvinoPartitioner, check_by_conversion=False)
     else:

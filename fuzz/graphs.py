@@ -160,7 +160,185 @@ COMPUTE_OPS = (
     Op("mul", 2, _binary, lambda a, v, p: f"{a[0]} * {a[1]}", _broadcast),
 )
 
-OPS = {op.name: op for op in IDENTITY_OPS + COMPUTE_OPS}
+
+def _float_rank(minimum: int) -> Callable[[tuple[Value, ...], bool], bool]:
+    return lambda vals, dim_order: vals[0].floating and vals[0].rank >= minimum
+
+
+def _int(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    return vals[0].dtype == "int64"
+
+
+def _image(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    """A float NCHW tensor whose spatial dims a 2x2 window fits."""
+    return vals[0].floating and vals[0].rank == 4 and min(vals[0].shape[2:]) >= 2
+
+
+def _same(vals: tuple[Value, ...], dim_order: bool) -> bool:
+    return vals[0] == vals[1] and vals[0].floating and vals[0].rank >= 2
+
+
+def _as(dtype: str) -> Callable[[tuple[Value, ...], int], Value]:
+    return lambda vals, p: Value(vals[0].shape, dtype)
+
+
+def _shape(fn: Callable[[tuple[int, ...], int], tuple[int, ...]]) -> Callable[[tuple[Value, ...], int], Value]:
+    return lambda vals, p: Value(tuple(fn(vals[0].shape, p)), vals[0].dtype)
+
+
+def _pooled(shape: tuple[int, ...], p: int) -> tuple[int, ...]:
+    return (*shape[:2], shape[2] // 2, shape[3] // 2)
+
+
+def _cat(shape: tuple[int, ...], p: int) -> tuple[int, ...]:
+    dim = p % len(shape)
+    return tuple(2 * d if i == dim else d for i, d in enumerate(shape))
+
+
+def _last(vals: tuple[Value, ...]) -> int:
+    return vals[0].shape[-1]
+
+
+# Compute ops for the compute-graph property: the kinds of op OpenVINO claims (elementwise,
+# reductions, shape ops, pooling, interpolation, padding, normalization, index arithmetic,
+# integer ops). Continuous in their float inputs where rounding could flip a result (no floor
+# of a computed float): the property compares through OpenVINO's reduced precision.
+ARITH_OPS = (
+    Op("exp", 1, _floating, lambda a, v, p: f"torch.exp({a[0]}.clamp(-4, 4))"),
+    Op("tanh", 1, _floating, lambda a, v, p: f"torch.tanh({a[0]})"),
+    Op("sigmoid", 1, _floating, lambda a, v, p: f"torch.sigmoid({a[0]})"),
+    Op("sqrt_abs", 1, _floating, lambda a, v, p: f"torch.sqrt({a[0]}.abs() + 0.5)"),
+    Op("gelu", 1, _floating, lambda a, v, p: f"torch.nn.functional.gelu({a[0]})"),
+    Op("clamp", 1, _numeric, lambda a, v, p: f"{a[0]}.clamp(-2, 2)"),
+    Op("where_positive", 1, _floating, lambda a, v, p: f"torch.where({a[0]} > 0, {a[0]}, {a[0]} * 0.1)"),
+    Op("softmax", 1, _float_rank(1), lambda a, v, p: f"torch.softmax({a[0]}, dim={_dim(v, p)})"),
+    Op("log_softmax", 1, _float_rank(1), lambda a, v, p: f"torch.log_softmax({a[0]}, dim=-1)"),
+    Op(
+        "cumsum",
+        1,
+        _reducible,
+        lambda a, v, p: f"torch.cumsum({a[0]}, dim={_dim(v, p)})",
+        terms=lambda v, p: v[0].shape[_dim(v, p)],
+    ),
+    Op(
+        "var_keepdim",
+        1,
+        _float_rank(1),
+        lambda a, v, p: f"{a[0]}.var(dim=-1, keepdim=True, correction=0)",
+        _shape(lambda s, p: (*s[:-1], 1)),
+        terms=lambda v, p: _last(v),
+    ),
+    Op(
+        "layer_norm",
+        1,
+        _float_rank(1),
+        lambda a, v, p: f"torch.nn.functional.layer_norm({a[0]}, {a[0]}.shape[-1:])",
+        terms=lambda v, p: _last(v),
+    ),
+    Op("normalize", 1, _float_rank(1), lambda a, v, p: f"torch.nn.functional.normalize({a[0]}, dim=-1)"),
+    Op(
+        "matmul_self",
+        2,
+        _same,
+        lambda a, v, p: f"{a[0]} @ {a[1]}.transpose(-1, -2)",
+        _shape(lambda s, p: (*s[:-1], s[-2])),
+        terms=lambda v, p: _last(v),
+    ),
+    Op(
+        "permute_reverse",
+        1,
+        _ranked(2),
+        lambda a, v, p: f"{a[0]}.permute({tuple(reversed(range(v[0].rank)))})",
+        _shape(lambda s, p: tuple(reversed(s))),
+    ),
+    Op(
+        "flatten",
+        1,
+        _ranked(2),
+        lambda a, v, p: f"{a[0]}.flatten(1)",
+        _shape(lambda s, p: (s[0], int(torch.tensor(s[1:]).prod()))),
+    ),
+    Op("flip", 1, _ranked(1), lambda a, v, p: f"{a[0]}.flip(-1)"),
+    Op("cat_self", 1, _ranked(1), lambda a, v, p: f"torch.cat([{a[0]}, {a[0]} * 2], dim={_dim(v, p)})", _shape(_cat)),
+    Op(
+        "repeat",
+        1,
+        _ranked(1),
+        lambda a, v, p: f"{a[0]}.repeat({(1,) * (v[0].rank - 1) + (2,)})",
+        _shape(lambda s, p: (*s[:-1], 2 * s[-1])),
+    ),
+    Op(
+        "pad_constant",
+        1,
+        _float_rank(1),
+        lambda a, v, p: f"torch.nn.functional.pad({a[0]}, (1, 2), value=0.5)",
+        _shape(lambda s, p: (*s[:-1], s[-1] + 3)),
+    ),
+    Op(
+        "pad_reflect",
+        1,
+        lambda v, d: v[0].floating and v[0].rank in (3, 4) and v[0].shape[-1] >= 2,
+        lambda a, v, p: f"torch.nn.functional.pad({a[0]}, (1, 1), mode='reflect')",
+        _shape(lambda s, p: (*s[:-1], s[-1] + 2)),
+    ),
+    Op("max_pool2d", 1, _image, lambda a, v, p: f"torch.nn.functional.max_pool2d({a[0]}, 2)", _shape(_pooled)),
+    Op("avg_pool2d", 1, _image, lambda a, v, p: f"torch.nn.functional.avg_pool2d({a[0]}, 2)", _shape(_pooled)),
+    Op(
+        "adaptive_avg_pool2d",
+        1,
+        _image,
+        lambda a, v, p: f"torch.nn.functional.adaptive_avg_pool2d({a[0]}, 1)",
+        _shape(lambda s, p: (*s[:2], 1, 1)),
+    ),
+    Op(
+        "upsample_nearest",
+        1,
+        _float_rank(4),
+        lambda a, v, p: f"torch.nn.functional.interpolate({a[0]}, scale_factor=2, mode='nearest')",
+        _shape(lambda s, p: (*s[:2], 2 * s[2], 2 * s[3])),
+    ),
+    Op(
+        "upsample_bilinear",
+        1,
+        _float_rank(4),
+        lambda a, v, p: f"torch.nn.functional.interpolate({a[0]}, scale_factor=2, mode='bilinear')",
+        _shape(lambda s, p: (*s[:2], 2 * s[2], 2 * s[3])),
+    ),
+    Op(
+        "add_arange",
+        1,
+        lambda v, d: v[0].numeric and v[0].rank >= 1,
+        lambda a, v, p: f"{a[0]} + torch.arange({a[0]}.shape[-1]).to({a[0]}.dtype)",
+    ),
+    Op(
+        "add_abs_range",
+        1,
+        lambda v, d: v[0].numeric and v[0].rank >= 1,
+        lambda a, v, p: f"{a[0]} - torch.arange(-{p}, {a[0]}.shape[-1] - {p}).abs().to({a[0]}.dtype)",
+    ),
+    Op(
+        "index_select_rolled",
+        1,
+        _ranked(1),
+        lambda a, v, p: f"{a[0]}.index_select(-1, (torch.arange({a[0]}.shape[-1]) + {p + 1}) % {a[0]}.shape[-1])",
+    ),
+    Op(
+        "gather_argmax",
+        1,
+        lambda v, d: v[0].floating and v[0].rank >= 1,
+        lambda a, v, p: f"{a[0]}.gather(-1, {a[0]}.argmax(-1, keepdim=True))",
+        _shape(lambda s, p: (*s[:-1], 1)),
+    ),
+    Op("floor_divide", 1, _int, lambda a, v, p: f"torch.floor_divide({a[0]}, {p + 2})"),
+    Op("remainder", 1, _int, lambda a, v, p: f"torch.remainder({a[0]}, {p + 2})"),
+    Op("int_mul_add", 1, _int, lambda a, v, p: f"{a[0]} * {p + 3} - 7"),
+    Op("to_float", 1, lambda v, d: not v[0].floating, lambda a, v, p: f"{a[0]}.to(torch.float32)", _as("float32")),
+    Op("gt_zero", 1, _numeric, lambda a, v, p: f"{a[0]} > 0", _as("bool")),
+    Op("sub", 2, _binary, lambda a, v, p: f"{a[0]} - {a[1]}", _broadcast),
+    Op("maximum", 2, _binary, lambda a, v, p: f"torch.maximum({a[0]}, {a[1]})", _broadcast),
+)
+
+OPS = {op.name: op for op in IDENTITY_OPS + COMPUTE_OPS + ARITH_OPS}
 
 
 @dataclass(frozen=True)
@@ -296,14 +474,34 @@ def graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max_outputs
         dtype = draw(st.sampled_from(DTYPES))
         channels_last = rank == 4 and dim_order and draw(st.booleans())
         inputs.append(Input(shape, dtype, channels_last))
+    return _draw_steps(
+        draw,
+        inputs,
+        dim_order,
+        dynamic_size,
+        max_steps,
+        max_outputs,
+        # Identity-like ops are what this fuzzer is about: draw them more often.
+        lambda: IDENTITY_OPS if draw(st.integers(0, 2)) else COMPUTE_OPS,
+    )
+
+
+def _draw_steps(
+    draw: st.DrawFn,
+    inputs: list[Input],
+    dim_order: bool,
+    dynamic_size: int | None,
+    max_steps: int,
+    max_outputs: int,
+    pool: Callable[[], tuple[Op, ...]],
+) -> GraphSpec:
     values = [Value(i.shape, i.dtype) for i in inputs]
     steps = []
     for _ in range(draw(st.integers(1, max_steps))):
-        # Identity-like ops are what this fuzzer is about: draw them more often.
-        pool = IDENTITY_OPS if draw(st.integers(0, 2)) else COMPUTE_OPS
+        ops = pool()
         first = draw(st.integers(0, len(values) - 1))
         candidates = []
-        for op in pool:
+        for op in ops:
             if op.arity == 1:
                 args = (first,)
             else:
@@ -324,6 +522,28 @@ def graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max_outputs
     outputs = tuple(draw(st.one_of(st.integers(0, len(values) - 1), st.just(len(values) - 1))) for _ in range(n_out))
     seed = draw(st.integers(0, 2**16))
     return GraphSpec(tuple(inputs), tuple(steps), outputs, dim_order, seed, dynamic_size)
+
+
+COMPUTE_DTYPES = ("float32", "int64", "bool")
+
+
+@st.composite
+def compute_graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max_outputs: int = 3) -> GraphSpec:
+    """General compute graphs over the op kinds OpenVINO claims, with some identity-like ops mixed in."""
+    dim_order = draw(st.booleans())
+    dynamic_size = draw(st.integers(DYNAMIC_RANGE[0], 4)) if draw(st.booleans()) else None
+    inputs = []
+    for index in range(draw(st.integers(1, max_inputs))):
+        rank = draw(st.integers(1, 4))
+        shape = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+        if dynamic_size is not None and index == 0:
+            shape = (dynamic_size, *shape[1:])
+        channels_last = rank == 4 and dim_order and draw(st.integers(0, 3)) == 0
+        inputs.append(Input(shape, draw(st.sampled_from(COMPUTE_DTYPES)), channels_last))
+    pools = (ARITH_OPS, ARITH_OPS, COMPUTE_OPS, IDENTITY_OPS)
+    return _draw_steps(
+        draw, inputs, dim_order, dynamic_size, max_steps, max_outputs, lambda: draw(st.sampled_from(pools))
+    )
 
 
 def describe(spec: GraphSpec) -> str:

@@ -1,8 +1,12 @@
-"""The two properties the fuzzer checks, each on one generated graph.
+"""The properties the fuzzer checks, each on one generated graph.
 
 ``check_lowering``: lower with ``OpenvinoPartitioner`` and run on the stock
 ExecuTorch runtime. Either export raises an ``OpenvinoExportError``, or every
 output matches eager and no input is modified. Anything else is a failure.
+
+``check_compute``: the same, on general compute graphs (``compute_graphs``),
+with a tolerance that grows with the graph's length: OpenVINO computes f32 in
+bf16 here, and no error within rounding is a finding.
 
 ``check_validator``: with the partitioner's edge rules off, convert every
 partition and run it through OpenVINO's Python API in ExecuTorch's binding
@@ -42,6 +46,8 @@ class Outcome:
     kind: str
     error_class: str | None = None
     detail: str = ""
+    # ops the numerical check kept on the CPU (lowering properties), with why
+    narrowed: tuple[tuple[str, str], ...] = ()
 
 
 def _config(spec: GraphSpec) -> EdgeCompileConfig | None:
@@ -60,17 +66,22 @@ def _export(spec: GraphSpec, module: torch.nn.Module, inputs) -> torch.export.Ex
         return Outcome("skipped", "NotDynamic", f"{type(error).__name__}: {error}")
 
 
-def check_lowering(spec: GraphSpec, draws: int = 2) -> Outcome:
+def check_compute(spec: GraphSpec) -> Outcome:
+    return check_lowering(spec, ops=4 * max(1, len(spec.steps)))
+
+
+def check_lowering(spec: GraphSpec, draws: int = 2, ops: int = 4) -> Outcome:
     module, inputs = spec.build()
     exported = _export(spec, module, inputs)
     if isinstance(exported, Outcome):
         return exported
+    partitioner = OpenvinoPartitioner()
     try:
-        program = lower_exported(exported, partitioner=OpenvinoPartitioner(), compile_config=_config(spec))
+        program = lower_exported(exported, partitioner=partitioner, compile_config=_config(spec))
     except OpenvinoExportError as error:
         return Outcome("rejected", type(error).__name__, str(error))
     except Exception as error:
-        if (limitation := executorch_alone_fails(spec)) is not None:
+        if (limitation := executorch_alone_fails(spec, ops)) is not None:
             return Outcome("skipped", "ExecuTorchLimitation", limitation)
         return Outcome("failed", type(error).__name__, f"export raised:\n{traceback.format_exc(limit=-3)}{error}")
     generator = torch.Generator().manual_seed(spec.seed)
@@ -80,8 +91,8 @@ def check_lowering(spec: GraphSpec, draws: int = 2) -> Outcome:
             draw = (
                 list(inputs) if attempt == 0 and shapes == spec.run_shapes()[0] else resample(inputs, generator, shapes)
             )
-            report = check_run(module, program.buffer, draw, terms=spec.terms(), formats=formats)
-            if not report.ok and (limitation := executorch_alone_fails(spec)) is not None:
+            report = check_run(module, program.buffer, draw, terms=spec.terms(), ops=ops, formats=formats)
+            if not report.ok and (limitation := executorch_alone_fails(spec, ops)) is not None:
                 return Outcome("skipped", "ExecuTorchLimitation", limitation)
             if not report.ok:
                 problems = [report.error] if report.error else []
@@ -93,10 +104,11 @@ def check_lowering(spec: GraphSpec, draws: int = 2) -> Outcome:
                     if not o.ok
                 ]
                 return Outcome("failed", "Mismatch", f"run {attempt} at {shapes}: " + "; ".join(problems))
-    return Outcome("matched")
+    check = partitioner.numerical_check
+    return Outcome("matched", narrowed=tuple(check.narrowed) if check is not None else ())
 
 
-def executorch_alone_fails(spec: GraphSpec) -> str | None:
+def executorch_alone_fails(spec: GraphSpec, ops: int = 4) -> str | None:
     """Why ExecuTorch with no delegate at all cannot export, run or match ``spec``, or None.
 
     Such a graph says nothing about this backend (ExecuTorch's portable
@@ -110,7 +122,7 @@ def executorch_alone_fails(spec: GraphSpec) -> str | None:
         exported = torch.export.export(module, inputs, dynamic_shapes=spec.dynamic_shapes())
         program = to_edge_transform_and_lower(exported, compile_config=_config(spec)).to_executorch()
         reports = [
-            check_run(module, program.buffer, resample(inputs, generator, shapes), terms=spec.terms())
+            check_run(module, program.buffer, resample(inputs, generator, shapes), terms=spec.terms(), ops=ops)
             for shapes in spec.run_shapes()
         ]
     except Exception as error:

@@ -108,13 +108,14 @@ def check_run(
     *,
     device: str = "CPU",
     terms: int = 1,
+    ops: int = 4,
     formats: Sequence[torch.memory_format | None] | None = None,
 ) -> RunCheck:
     """Run the program and eager on the same inputs and compare every output.
 
     Each output gets ``Tolerance.for_output`` for its dtype on ``device`` with
     ``terms`` (the longest reduction feeding it) and the output's magnitude as
-    scale. ``formats`` (from ``declared_formats``) are the memory formats the
+    scale, for ``ops`` roundings in sequence. ``formats`` (from ``declared_formats``) are the memory formats the
     program promises for its outputs; eager's own strides are no guide, since
     an eager view (a permute, say) can look like any format.
     """
@@ -134,7 +135,7 @@ def check_run(
         return report
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
         declared = formats[index] if formats is not None else None
-        report.outputs.append(compare_output(index, got, want, device=device, terms=terms, declared=declared))
+        report.outputs.append(compare_output(index, got, want, device=device, terms=terms, ops=ops, declared=declared))
     return report
 
 
@@ -145,10 +146,11 @@ def compare_output(
     *,
     device: str = "CPU",
     terms: int = 1,
+    ops: int = 4,
     declared: torch.memory_format | None = None,
 ) -> OutputCheck:
     scale = float(expected.detach().abs().max()) if expected.numel() and expected.dtype.is_floating_point else 1.0
-    tolerance = Tolerance.for_output(expected.dtype, device, terms=terms, scale=max(scale, 1.0))
+    tolerance = Tolerance.for_output(expected.dtype, device, terms=terms, scale=max(scale, 1.0), ops=ops)
     max_abs, max_rel = _errors(actual, expected)
     return OutputCheck(
         index=index,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 
-from fuzz.graphs import GraphSpec, Input, Step, graphs
-from fuzz.properties import check_lowering, check_validator
+from fuzz.graphs import GraphSpec, Input, Step, compute_graphs, graphs
+from fuzz.properties import check_compute, check_lowering, check_validator
 
 COPY_OF_INPUT = GraphSpec(
     inputs=(Input((3, 4), "float32"),),
@@ -34,9 +35,23 @@ def test_lowering_property_passes_the_seed_graph() -> None:
     assert outcome.kind == "matched", outcome.detail
 
 
-def test_generated_graphs_run_in_eager() -> None:
+# The pattern OpenVINO 2026.4.1 computes wrongly inside a partition, among other compute ops.
+ABS_RANGE = GraphSpec(
+    inputs=(Input((2, 8), "float32"),),
+    steps=(Step("add_abs_range", (0,), 1), Step("layer_norm", (1,))),
+    outputs=(2,),
+)
+
+
+def test_compute_property_passes_a_graph_openvino_would_get_wrong() -> None:
+    outcome = check_compute(ABS_RANGE)
+    assert outcome.kind == "matched", outcome.detail
+
+
+@pytest.mark.parametrize("strategy", [graphs, compute_graphs])
+def test_generated_graphs_run_in_eager(strategy) -> None:
     @settings(max_examples=50, derandomize=True, deadline=None)
-    @given(graphs())
+    @given(strategy())
     def prop(spec: GraphSpec) -> None:
         module, inputs = spec.build()
         outputs = module(*inputs)
