@@ -277,7 +277,7 @@ ARITH_OPS = (
     Op(
         "pad_reflect",
         1,
-        lambda v, d: v[0].floating and v[0].rank in (3, 4) and v[0].shape[-1] >= 2,
+        lambda v, d: v[0].floating and v[0].rank in (2, 3) and v[0].shape[-1] >= 2,
         lambda a, v, p: f"torch.nn.functional.pad({a[0]}, (1, 1), mode='reflect')",
         _shape(lambda s, p: (*s[:-1], s[-1] + 2)),
     ),
