@@ -16,7 +16,10 @@ from itertools import count
 import torch
 from hypothesis import strategies as st
 
-DTYPES = ("float32", "float16", "int64", "bool")
+DTYPES = ("float32", "float16", "int64", "int8", "bool")
+# PT2E's quantize / dequantize, on a grid bf16 holds exactly (so OpenVINO's reduced precision never
+# moves a value across a quantization level: any difference is a real one).
+QUANT_ARGS = "0.25, 0, -128, 127, torch.int8"
 DYNAMIC_RANGE = (2, 6)
 
 
@@ -24,6 +27,7 @@ DYNAMIC_RANGE = (2, 6)
 class Value:
     shape: tuple[int, ...]
     dtype: str
+    on_grid: bool = False  # a float exactly on the quantization grid (a dequantize's result)
 
     @property
     def rank(self) -> int:
@@ -46,9 +50,15 @@ class Op:
     arity: int
     applies: Callable[[tuple[Value, ...], bool], bool]
     template: Callable[[tuple[str, ...], tuple[Value, ...], int], str]
-    result: Callable[[tuple[Value, ...], int], Value] = lambda vals, p: vals[0]
+    # Same shape and dtype as the first argument, off the quantization grid unless an identity.
+    result: Callable[[tuple[Value, ...], int], Value] = lambda vals, p: Value(vals[0].shape, vals[0].dtype)
     identity: bool = False
     terms: Callable[[tuple[Value, ...], int], int] = lambda vals, p: 1
+
+
+def result_of(op: Op, args: tuple[Value, ...], param: int) -> Value:
+    """What ``op`` makes of ``args``: an identity-like op returns its argument's value, grid and all."""
+    return args[0] if op.identity else op.result(args, param)
 
 
 def _any(vals: tuple[Value, ...], dim_order: bool) -> bool:
@@ -158,6 +168,20 @@ COMPUTE_OPS = (
     Op("amax_keepdim", 1, _reducible, lambda a, v, p: f"{a[0]}.amax(dim={_dim(v, p)}, keepdim=True)", _reduced),
     Op("add", 2, _binary, lambda a, v, p: f"{a[0]} + {a[1]}", _broadcast),
     Op("mul", 2, _binary, lambda a, v, p: f"{a[0]} * {a[1]}", _broadcast),
+    Op(
+        "dequantize",
+        1,
+        lambda v, d: v[0].dtype == "int8",
+        lambda a, v, p: f"torch.ops.quantized_decomposed.dequantize_per_tensor({a[0]}, {QUANT_ARGS})",
+        lambda v, p: Value(v[0].shape, "float32", on_grid=True),
+    ),
+    Op(
+        "quantize",
+        1,
+        lambda v, d: v[0].on_grid,
+        lambda a, v, p: f"torch.ops.quantized_decomposed.quantize_per_tensor({a[0]}, {QUANT_ARGS})",
+        lambda v, p: Value(v[0].shape, "int8"),
+    ),
 )
 
 
@@ -385,8 +409,7 @@ class GraphSpec:
     def values(self) -> tuple[Value, ...]:
         values = [Value(i.shape, i.dtype) for i in self.inputs]
         for step in self.steps:
-            args = tuple(values[i] for i in step.args)
-            values.append(OPS[step.op].result(args, step.param))
+            values.append(result_of(OPS[step.op], tuple(values[i] for i in step.args), step.param))
         return tuple(values)
 
     def terms(self) -> int:
@@ -418,6 +441,7 @@ class GraphSpec:
             make = {
                 "bool": f"torch.rand({spec.shape}, generator=generator) < 0.5",
                 "int64": f"torch.randint(-5, 6, {spec.shape}, generator=generator)",
+                "int8": f"torch.randint(-5, 6, {spec.shape}, generator=generator, dtype=torch.int8)",
             }.get(spec.dtype, f"torch.randn({spec.shape}, generator=generator).to(torch.{spec.dtype})")
             if spec.channels_last:
                 make = f"({make}).to(memory_format=torch.channels_last)"
@@ -516,7 +540,7 @@ def _draw_steps(
         op, args = candidates[draw(st.integers(0, len(candidates) - 1))]
         param = draw(st.integers(0, 3))
         steps.append(Step(op.name, args, param))
-        values.append(op.result(tuple(values[i] for i in args), param))
+        values.append(result_of(op, tuple(values[i] for i in args), param))
     n_out = draw(st.integers(1, max_outputs))
     # Prefer the newest values, so chains end in outputs, but allow any (inputs too).
     outputs = tuple(draw(st.one_of(st.integers(0, len(values) - 1), st.just(len(values) - 1))) for _ in range(n_out))

@@ -22,6 +22,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 from openvino_backend.boundary import PartitionView, Rejection, non_default_dim_order, owned_constants
 from openvino_backend.convert import convert, failed_node_names
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
+from openvino_backend.dynamic import is_bound_pad
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.passes import prepare_for_frontend
 from openvino_backend.validate import find_passthroughs, find_type_mismatches
@@ -95,7 +96,7 @@ def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
             logger.debug("conversion check could not convert a partition: %s", error)
         return
     for passthrough in find_passthroughs(model):
-        node = outputs[passthrough.output]
+        node = _unpadded(outputs[passthrough.output])
         yield (
             node,
             (
@@ -105,7 +106,8 @@ def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
             ),
         )
     for mismatch in find_type_mismatches(model, [_dtype(node) for node in outputs]):
-        node = outputs[mismatch.output]
+        # A padded dynamic output carries the type of what it pads; the pad itself must stay.
+        node = _unpadded(outputs[mismatch.output])
         yield (
             node,
             (
@@ -114,6 +116,10 @@ def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
                 "values could differ and the runtime cannot bind it"
             ),
         )
+
+
+def _unpadded(node: torch.fx.Node) -> torch.fx.Node:
+    return node.args[0] if is_bound_pad(node) else node
 
 
 def _dtype(node: torch.fx.Node) -> torch.dtype | None:

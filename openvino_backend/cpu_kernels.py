@@ -7,7 +7,8 @@ registers (the same library the tests and ``verify`` run on):
 
 * an op kept whole for OpenVINO (``ops_to_not_decompose``) that no partition
   took: ExecuTorch's IR check refuses it, or it has no kernel;
-* an op with no CPU kernel at all (``avg_pool3d`` in ExecuTorch 1.5.1);
+* an op with no CPU kernel at all (``avg_pool3d`` in ExecuTorch 1.5.1, and
+  the quantize / dequantize ops: the pip runtime links no quantized kernels);
 * an op whose input and output are in different dim orders: the portable
   kernels check ``tensors_have_same_dim_order`` and fail (error 0x12).
 """
@@ -26,6 +27,10 @@ from openvino_backend.boundary import is_getitem, non_default_dim_order
 from openvino_backend.diagnostics import CpuKernelError, Finding, NodeRef, op_name
 
 logger = logging.getLogger(__name__)
+
+# Namespaces whose ops ExecuTorch runs through registered out-variant kernels. (An aten op with
+# no out variant is handled another way: a view, a size op.)
+_KERNEL_NAMESPACES = frozenset({"aten", "quantized_decomposed"})
 
 # Ops whose job is to change the dim order (with or without ExecuTorch's dim-order ops): their
 # kernels take any pair.
@@ -68,13 +73,14 @@ def cpu_problem(node: torch.fx.Node, kept_whole: Collection[str]) -> tuple[str, 
         )
     kernels = registered_kernels()
     overload = getattr(node.target, "_op", node.target)
-    if kernels is not None and isinstance(overload, torch._ops.OpOverload) and overload.namespace == "aten":
+    if kernels is not None and isinstance(overload, torch._ops.OpOverload) and overload.namespace in _KERNEL_NAMESPACES:
         try:
             out_variant, _ = to_out_variant(overload)
-        except Exception:  # no out variant: ExecuTorch handles it some other way
-            out_variant = None
-        if out_variant is not None and out_variant.name() not in kernels:
-            return f"ExecuTorch's runtime has no CPU kernel for {out_variant.name()}", "no kernel"
+            missing = out_variant.name() if out_variant.name() not in kernels else None
+        except Exception:  # no out variant registered (quantized ops without their kernel library)
+            missing = None if overload.namespace == "aten" else overload.name()
+        if missing is not None:
+            return f"ExecuTorch's runtime has no CPU kernel for {missing}", "no kernel"
     val = node.meta.get("val")
     if op not in _LAYOUT_OPS and isinstance(val, torch.Tensor):
         # Tensors of the output's rank must share its dim order (broadcast operands of lower rank aside).

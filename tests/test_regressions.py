@@ -97,3 +97,23 @@ def test_dynamic_channels_last_input_returned_unchanged_is_not_padded() -> None:
     for size in (2, 6):
         inputs = [torch.randn(size, 2, 3, 2).to(memory_format=torch.channels_last), torch.randn(size, 4)]
         assert check_run(module, program.buffer, inputs).ok
+
+
+class NegatedInt8Sum(torch.nn.Module):
+    def forward(self, x):
+        return ((-x).sum(dim=1, keepdim=True),)
+
+
+def test_dynamic_output_openvino_types_differently_keeps_its_op_out_not_the_pad() -> None:
+    # Found by the fuzzer once int8 inputs were drawn: OpenVINO sums int8 in i8 (PyTorch: int64).
+    # The mismatch shows on the padded output; the sum must stay on the CPU, not the pad.
+    n = torch.export.Dim("n", min=2, max=6)
+    exported = torch.export.export(
+        NegatedInt8Sum(), (torch.randint(-5, 6, (3, 4), dtype=torch.int8),), dynamic_shapes=({0: n},)
+    )
+    partitioner = OpenvinoPartitioner()
+    program = lower_exported(exported, partitioner=partitioner)
+    assert "aten.sum.dim_IntList" in {ref.op for ref, _ in partitioner.report.kept_out}
+    for size in (2, 3, 6):
+        x = torch.randint(-5, 6, (size, 4), dtype=torch.int8)
+        assert check_run(NegatedInt8Sum(), program.buffer, (x,)).ok

@@ -1,0 +1,71 @@
+"""INT8 from the PT2E flow: both fold modes, per-tensor and per-channel, against the quantized eager model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    XNNPACKQuantizer,
+    get_symmetric_quantization_config,
+)
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+from bench.models import TransformerEncoder
+from openvino_backend import CpuKernelError, OpenvinoPartitioner
+from openvino_backend.verify import lower_exported, run_program
+from tests.dynamic_models import SmallCNN
+from tests.harness import non_delegated_ops
+
+
+def quantize(module: torch.nn.Module, example: torch.Tensor, *, per_channel: bool, fold: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=per_channel))
+    prepared = prepare_pt2e(torch.export.export(module, (example,)).module(), quantizer)
+    for _ in range(8):  # calibration
+        prepared(torch.randn_like(example))
+    return convert_pt2e(prepared, fold_quantize=fold)
+
+
+MODELS = {
+    "cnn": (lambda: SmallCNN().eval(), lambda: torch.randn(2, 3, 16, 16)),
+    "encoder": (lambda: TransformerEncoder(width=32, depth=2, heads=2).eval(), lambda: torch.randn(1, 8, 32)),
+}
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "unfolded"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_pt2e_int8_runs_in_openvino_and_matches_the_quantized_model(name, per_channel, fold) -> None:
+    torch.manual_seed(0)
+    build, draw = MODELS[name]
+    model, x = build(), draw()
+    quantized = quantize(model, x, per_channel=per_channel, fold=fold)
+    program = lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner())
+    # Every op, the quantize / dequantize pairs included, runs in OpenVINO (the runtime has no
+    # quantized CPU kernels).
+    assert non_delegated_ops(program) == []
+    for _ in range(2):
+        sample = draw()
+        (actual,) = run_program(program.buffer, [sample])
+        with torch.no_grad():
+            expected, float_ = quantized(sample), model(sample)
+        # Within quantization noise: OpenVINO's INT8 kernels round differently from the quantized
+        # eager model's float arithmetic. Measured as RMS (a max over elements mostly measures
+        # which element happens to sit on a rounding boundary): the lowered program is as far from
+        # the quantized model, and from the float model, as quantization moves the float model.
+        noise = _rms(expected - float_)
+        assert noise > 0
+        assert _rms(actual - expected) <= 1.5 * noise, (_rms(actual - expected), noise)
+        assert _rms(actual - float_) <= 1.5 * noise, (_rms(actual - float_), noise)
+
+
+def _rms(t: torch.Tensor) -> float:
+    return t.double().pow(2).mean().sqrt().item()
+
+
+def test_a_dequantize_left_on_the_cpu_is_refused_at_export() -> None:
+    model, x = SmallCNN().eval(), torch.randn(2, 3, 16, 16)
+    quantized = quantize(model, x, per_channel=False, fold=True)
+    partitioner = OpenvinoPartitioner(op_types_to_skip={"quantized_decomposed.dequantize_per_tensor.default"})
+    with pytest.raises(CpuKernelError, match="no CPU kernel for quantized_decomposed"):
+        lower_exported(torch.export.export(quantized, (x,)), partitioner=partitioner)
