@@ -36,9 +36,11 @@ from openvino_backend.loader import (
 from openvino_backend.partitioner import OpenvinoPartitioner, PartitionReport
 from openvino_backend.precision import effective_dtype, inference_precision, openvino_version, unit_roundoff
 from openvino_backend.probe import probe
+from openvino_backend.quantize import quantize_int8
 from openvino_backend.verify import OutputCheck, check_run, declared_formats, lower_exported, resample
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2, 3
+CALIBRATION_DRAWS = 8
 
 
 class UsageError(Exception):
@@ -77,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="skip converting proposed partitions while partitioning (faster; the copy list and the "
             "export-time checks still apply, so what they miss is refused instead of kept out)",
+        )
+        sub.add_argument(
+            "--int8",
+            action="store_true",
+            help="quantize first (PT2E with ExecuTorch's XNNPACKQuantizer: int8 weights per channel, "
+            "activations per tensor; calibrated on random draws); verify then compares with the "
+            "quantized eager model and reports the float model's error beside it",
         )
         sub.add_argument("--debug", action="store_true", help="tracebacks and library logs")
 
@@ -162,25 +171,35 @@ def _dynamic_dims(model: LoadedModel, args: argparse.Namespace) -> list[DynamicD
     return [DynamicDim.parse(text) for text in args.dynamic]
 
 
-def _lower_one(model: LoadedModel, args: argparse.Namespace) -> tuple[ModelResult, bytes | None, object]:
+def _lower_one(
+    model: LoadedModel, args: argparse.Namespace
+) -> tuple[ModelResult, bytes | None, object, torch.nn.Module]:
+    """The lowering's result, its program (None if refused) and the eager model to compare it with."""
     result = ModelResult(model.name)
     partitioner = _partitioner(args)
     # Dims that do not fit the model are a usage error, not a refused export: checked before exporting.
     shapes = dynamic_shapes(_dynamic_dims(model, args), model.inputs)
+    reference = model.module
     try:
-        exported = model.exported or torch.export.export(model.module, model.inputs, dynamic_shapes=shapes)
+        exported = model.exported
+        if args.int8:
+            generator = torch.Generator().manual_seed(args.seed if hasattr(args, "seed") else 0)
+            calibration = [resample(model.inputs, generator) for _ in range(CALIBRATION_DRAWS)]
+            reference = quantize_int8(exported or model.module, model.inputs, calibration)
+            exported = torch.export.export(reference, tuple(model.inputs), dynamic_shapes=shapes)
+        exported = exported or torch.export.export(model.module, model.inputs, dynamic_shapes=shapes)
         program = lower_exported(exported, partitioner=partitioner)
     except OpenvinoExportError as error:
         result.refused, result.refused_kind = str(error), type(error).__name__
-        return result, None, None
+        return result, None, None, reference
     except Exception as error:  # torch.export / to_edge failures: still "export refused"
         if args.debug:
             traceback.print_exc()
         result.refused = f"{type(error).__name__}: {error}"
         result.refused_kind = type(error).__name__
-        return result, None, None
+        return result, None, None, reference
     result.report = partitioner.report
-    return result, program.buffer, program
+    return result, program.buffer, program, reference
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -190,11 +209,11 @@ def _verify(args: argparse.Namespace) -> int:
     models = load(args.model, args.input_shape, args.dtype, generator)
     results = []
     for model in models:
-        result, buffer, program = _lower_one(model, args)
+        result, buffer, program, reference = _lower_one(model, args)
         if buffer is not None:
             if args.output is not None:
                 _write(args.output if len(models) == 1 else _numbered(args.output, model.name), buffer)
-            _run_draws(result, model, buffer, declared_formats(program), args, generator)
+            _run_draws(result, model, reference, buffer, declared_formats(program), args, generator)
         results.append(result)
     if args.json:
         json.dump(_verify_json(results, args.device), sys.stdout, indent=2)
@@ -205,7 +224,9 @@ def _verify(args: argparse.Namespace) -> int:
     return max(r.exit_code for r in results)
 
 
-def _run_draws(result: ModelResult, model: LoadedModel, buffer: bytes, formats, args, generator) -> None:
+def _run_draws(
+    result: ModelResult, model: LoadedModel, reference: torch.nn.Module, buffer: bytes, formats, args, generator
+) -> None:
     """``--draws`` input draws at each size to run at; the worst error per output and shape."""
     runs = sizes_to_run(_dynamic_dims(model, args), _parse_sizes(args.sizes))
     worst: dict[tuple[int, tuple[int, ...]], OutputCheck] = {}
@@ -216,7 +237,16 @@ def _run_draws(result: ModelResult, model: LoadedModel, buffer: bytes, formats, 
         for sizes in runs:
             shapes = shapes_at(model.inputs, sizes)
             inputs = list(model.inputs) if draw == 0 and sizes is None else resample(model.inputs, generator, shapes)
-            check = check_run(model.module, buffer, inputs, device=args.device, terms=model.terms, formats=formats)
+            float_module = model.module if reference is not model.module else None
+            check = check_run(
+                reference,
+                buffer,
+                inputs,
+                device=args.device,
+                terms=model.terms,
+                formats=formats,
+                float_module=float_module,
+            )
             if check.error is not None:
                 result.run_error = check.error
                 break
@@ -281,6 +311,7 @@ def _print_result(result: ModelResult, device: str, out: TextIO) -> None:
     if result.run_error is not None:
         print(f"  run failed: {result.run_error}", file=out)
     else:
+        quantized = any(o.float_error is not None for o in result.outputs)
         rows = [
             (
                 o.index,
@@ -290,16 +321,22 @@ def _print_result(result: ModelResult, device: str, out: TextIO) -> None:
                 f"{o.max_rel:.3g}",
                 f"{o.tolerance.atol:.2g} / {o.tolerance.rtol:.2g}",
                 _verdict(o),
+                *([f"{o.float_error:.3g}"] if quantized else []),
             )
             for o in result.outputs
         ]
         headers = ("output", "shape", "dtype", "max abs err", "max rel err", "atol / rtol", "verdict")
+        if quantized:
+            headers = (*headers, "max abs err vs float model")
         at = f" at {result.sizes} input sizes each" if result.sizes > 1 else ""
-        print(f"  runs: {result.draws} input draws{at} on executorch.runtime vs eager", file=out)
+        against = "the quantized eager model (INT8; atol includes 2x its quantization noise)" if quantized else "eager"
+        print(f"  runs: {result.draws} input draws{at} on executorch.runtime vs {against}", file=out)
         print("    " + tabulate(rows, headers=headers).replace("\n", "\n    "), file=out)
     if result.modified_inputs:
         print(f"  inputs modified by the program: {result.modified_inputs}", file=out)
-    verdict = {EXIT_OK: "all outputs match eager", EXIT_MISMATCH: "MISMATCH"}[result.exit_code]
+    quantized = any(o.float_error is not None for o in result.outputs)
+    matched = "all outputs match the quantized eager model" if quantized else "all outputs match eager"
+    verdict = {EXIT_OK: matched, EXIT_MISMATCH: "MISMATCH"}[result.exit_code]
     print(f"  verdict: {verdict}\n", file=out)
 
 
@@ -368,6 +405,7 @@ def _model_json(result: ModelResult) -> dict[str, object]:
                 "atol": o.tolerance.atol,
                 "rtol": o.tolerance.rtol,
                 "verdict": "match" if o.ok else "mismatch",
+                "max_abs_error_vs_float_model": o.float_error,
             }
             for o in result.outputs
         ],
@@ -376,7 +414,7 @@ def _model_json(result: ModelResult) -> dict[str, object]:
 
 def _lower(args: argparse.Namespace) -> int:
     models = load(args.model, args.input_shape, args.dtype)
-    result, buffer, _ = _lower_one(models[0], args)
+    result, buffer, _, _ = _lower_one(models[0], args)
     if buffer is None:
         print(f"model: {result.name}\n  export refused:\n    " + str(result.refused).replace("\n", "\n    "))
         return EXIT_REFUSED

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
@@ -77,6 +77,8 @@ class OutputCheck:
     tolerance: Tolerance
     values_ok: bool
     layout_ok: bool
+    # Against the float model, when the program is a quantized one (``check_run(float_module=)``).
+    float_error: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -110,6 +112,7 @@ def check_run(
     terms: int = 1,
     ops: int = 4,
     formats: Sequence[torch.memory_format | None] | None = None,
+    float_module: torch.nn.Module | None = None,
 ) -> RunCheck:
     """Run the program and eager on the same inputs and compare every output.
 
@@ -118,10 +121,17 @@ def check_run(
     scale, for ``ops`` roundings in sequence. ``formats`` (from ``declared_formats``) are the memory formats the
     program promises for its outputs; eager's own strides are no guide, since
     an eager view (a permute, say) can look like any format.
+
+    With ``float_module`` (``module`` being its quantized version), each
+    output may also differ from ``module``'s by twice the quantization noise
+    (how far ``module``'s output is from ``float_module``'s): INT8 kernels
+    round differently from the quantized model's float arithmetic. The error
+    against the float model is reported beside it.
     """
     originals = [x.clone() for x in inputs]
     with torch.no_grad():
         expected = flatten_outputs(module(*[x.clone() for x in inputs]))
+        floats = flatten_outputs(float_module(*[x.clone() for x in inputs])) if float_module is not None else None
     given = [x.clone() for x in inputs]
     try:
         actual = run_program(buffer, given)
@@ -135,7 +145,10 @@ def check_run(
         return report
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
         declared = formats[index] if formats is not None else None
-        report.outputs.append(compare_output(index, got, want, device=device, terms=terms, ops=ops, declared=declared))
+        output = compare_output(index, got, want, device=device, terms=terms, ops=ops, declared=declared)
+        if floats is not None and index < len(floats):
+            output = _against_float(output, got, want, floats[index])
+        report.outputs.append(output)
     return report
 
 
@@ -161,6 +174,18 @@ def compare_output(
         tolerance=tolerance,
         values_ok=tolerance.check(actual, expected),
         layout_ok=declared in (None, memory_format(actual)),
+    )
+
+
+def _against_float(
+    output: OutputCheck, actual: torch.Tensor, expected: torch.Tensor, float_: torch.Tensor
+) -> OutputCheck:
+    if not expected.dtype.is_floating_point or actual.shape != float_.shape:
+        return output
+    noise = _errors(expected, float_)[0]
+    tolerance = Tolerance(max(output.tolerance.atol, 2 * noise), output.tolerance.rtol)
+    return replace(
+        output, tolerance=tolerance, values_ok=tolerance.check(actual, expected), float_error=_errors(actual, float_)[0]
     )
 
 

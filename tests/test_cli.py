@@ -189,3 +189,14 @@ def test_verify_dynamic_pt2_keeps_its_dims_and_runs_at_given_sizes(tmp_path: Pat
 def test_bad_dynamic_dims_are_usage_errors(flags: list[str], capsys) -> None:
     code, _, err = _run(["verify", "tests.dynamic_models:MLP", "--input-shape", "2,16", *flags], capsys)
     assert code == EXIT_USAGE and "--dynamic" in err
+
+
+def test_verify_int8_compares_with_the_quantized_model_and_reports_the_float_error(capsys) -> None:
+    code, out, _ = _run(["verify", "robot-policy", "--int8", "--draws", "2", "--json"], capsys)
+    assert code == EXIT_OK, out
+    (model,) = json.loads(out)["models"]
+    assert model["partitions"]["delegated_share"] > 0.95
+    errors = [o["max_abs_error_vs_float_model"] for o in model["outputs"]]
+    assert all(e is not None for e in errors) and max(errors) > 0  # INT8 moves the values, and we say by how much
+    code, out, _ = _run(["verify", "robot-policy", "--int8", "--draws", "1"], capsys)
+    assert code == EXIT_OK and "vs the quantized eager model" in out and "max abs err vs float model" in out

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-    XNNPACKQuantizer,
-    get_symmetric_quantization_config,
-)
-from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
 from bench.models import TransformerEncoder
 from openvino_backend import CpuKernelError, OpenvinoPartitioner
+from openvino_backend.quantize import quantize_int8
 from openvino_backend.verify import lower_exported, run_program
 from tests.dynamic_models import SmallCNN
 from tests.harness import non_delegated_ops
@@ -19,11 +14,8 @@ from tests.harness import non_delegated_ops
 
 def quantize(module: torch.nn.Module, example: torch.Tensor, *, per_channel: bool, fold: bool) -> torch.nn.Module:
     torch.manual_seed(0)
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=per_channel))
-    prepared = prepare_pt2e(torch.export.export(module, (example,)).module(), quantizer)
-    for _ in range(8):  # calibration
-        prepared(torch.randn_like(example))
-    return convert_pt2e(prepared, fold_quantize=fold)
+    calibration = [(torch.randn_like(example),) for _ in range(8)]
+    return quantize_int8(module, (example,), calibration, per_channel=per_channel, fold_quantize=fold)
 
 
 MODELS = {
