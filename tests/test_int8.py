@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from bench.models import TransformerEncoder
 from openvino_backend import CpuKernelError, OpenvinoPartitioner
 from openvino_backend.quantize import quantize_int8
