@@ -30,6 +30,8 @@ from tabulate import tabulate
 
 from bench.dynamic import HEADERS as DYNAMIC_HEADERS
 from bench.dynamic import bench_dynamic
+from bench.int8 import HEADERS as INT8_HEADERS
+from bench.int8 import bench_int8
 from bench.models import MODELS, inputs_for
 from bench.scaling import time_proposal, time_rules, time_validation
 from openvino_backend.precision import inference_precision, openvino_version
@@ -245,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="two models, fewer repetitions, sizes up to 10k")
     parser.add_argument("--dynamic", action="store_true", help="only the dynamic-shape table")
+    parser.add_argument("--int8", action="store_true", help="only the INT8 table")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
@@ -257,11 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         f"OpenVINO {openvino_version()} (CPU computes f32 as {inference_precision('CPU')}); "
         f"torch {torch.__version__}"
     )
-    print(
-        f"\nDynamic shapes: static vs dynamic export, ms per call at the example size (median of {reps} x {iterations})"
-    )
-    print(tabulate(bench_dynamic(reps, iterations), headers=DYNAMIC_HEADERS))
-    if args.dynamic:
+    if not args.int8:
+        print(
+            f"\nDynamic shapes: static vs dynamic export, ms per call at the example size "
+            f"(median of {reps} x {iterations})"
+        )
+        print(tabulate(bench_dynamic(reps, iterations), headers=DYNAMIC_HEADERS))
+    if not args.dynamic:
+        print(f"\nINT8 (PT2E, XNNPACKQuantizer) vs float, ms per call (median of {reps} x {iterations})")
+        print(tabulate(bench_int8(reps, iterations), headers=INT8_HEADERS))
+    if args.dynamic or args.int8:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         lowering, inference, steps = bench_models(names, reps, iterations, Path(tmp))

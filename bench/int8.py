@@ -1,0 +1,77 @@
+"""INT8 (PT2E, ``XNNPACKQuantizer``) against the float lowering of the same model, side by side.
+
+For each model: latency of the float and the INT8 program at the same input,
+interleaved, and each one's max abs error against the float eager model (the
+INT8 program's also against the quantized eager model, its own reference).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from bench.dynamic import _error, _Method, _ms
+from bench.models import ResidualCNN, ResNet18, TransformerEncoder
+from openvino_backend import OpenvinoPartitioner
+from openvino_backend.quantize import quantize_int8
+from openvino_backend.verify import flatten_outputs, lower_exported
+
+MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor]]] = {
+    "resnet-18 (224x224)": (ResNet18, lambda: torch.randn(1, 3, 224, 224)),
+    "resnet-cnn (64x64)": (ResidualCNN, lambda: torch.randn(1, 3, 64, 64)),
+    "transformer (32x128)": (TransformerEncoder, lambda: torch.randn(1, 32, 128)),
+}
+CALIBRATION_DRAWS = 8
+
+
+def bench_int8(reps: int, iterations: int) -> list[tuple]:
+    rows = []
+    for name, (build, draw) in MODELS.items():
+        torch.manual_seed(0)
+        module, x = build().eval(), draw()
+        quantized = quantize_int8(module, (x,), [(draw(),) for _ in range(CALIBRATION_DRAWS)])
+        programs = {
+            "float": _Method(
+                lower_exported(torch.export.export(module, (x,)), partitioner=OpenvinoPartitioner()).buffer
+            ),
+            "int8": _Method(
+                lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner()).buffer
+            ),
+        }
+        with torch.no_grad():
+            expected, expected_q = flatten_outputs(module(x)), flatten_outputs(quantized(x))
+        for method in programs.values():  # warm up
+            _ms(method, [x], 3)
+        times: dict[str, list[float]] = {kind: [] for kind in programs}
+        for _ in range(reps):  # interleaved: F I F I ...
+            for kind, method in programs.items():
+                times[kind].append(_ms(method, [x], iterations))
+        speedup = statistics.median(f / i for f, i in zip(times["float"], times["int8"], strict=True))
+        int8_out = programs["int8"]([x])
+        rows.append(
+            (
+                name,
+                f"{statistics.median(times['float']):.3f} (err {_error(programs['float']([x]), expected):.2g})",
+                f"{statistics.median(times['int8']):.3f} (err {_error(int8_out, expected):.2g})",
+                f"{speedup:.2f}x",
+                f"{_error(int8_out, expected_q):.2g}",
+                f"{_error(flatten_outputs(quantized(x)), expected):.2g}",
+            )
+        )
+    return rows
+
+
+def _lowered(module: torch.nn.Module, x: torch.Tensor) -> _Method:
+    return _Method(lower_exported(torch.export.export(module, (x,)), partitioner=OpenvinoPartitioner()).buffer)
+
+
+HEADERS = (
+    "model",
+    "float ms (err vs float eager)",
+    "int8 ms (err vs float eager)",
+    "int8 speedup",
+    "int8 err vs quantized eager",
+    "quantized eager err vs float",
+)
