@@ -37,6 +37,7 @@ from openvino_backend.partitioner import OpenvinoPartitioner, PartitionReport
 from openvino_backend.precision import effective_dtype, inference_precision, openvino_version, unit_roundoff
 from openvino_backend.probe import probe
 from openvino_backend.quantize import quantize_int8
+from openvino_backend.quiet import stderr
 from openvino_backend.verify import OutputCheck, check_run, declared_formats, lower_exported, resample
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2, 3
@@ -49,7 +50,7 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse would exit 2, which means "export refused" here
-        self.print_usage(sys.stderr)
+        self.print_usage(stderr())
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
@@ -125,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LoadError, UsageError) as error:
         if args.debug:
             traceback.print_exc()
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error}", file=stderr())
         return EXIT_USAGE
 
 
@@ -230,10 +231,10 @@ def _run_draws(
     """``--draws`` input draws at each size to run at; the worst error per output and shape."""
     runs = sizes_to_run(_dynamic_dims(model, args), _parse_sizes(args.sizes))
     worst: dict[tuple[int, tuple[int, ...]], OutputCheck] = {}
-    progress = sys.stderr.isatty() and not args.json
+    progress = stderr().isatty() and not args.json
     for draw in range(args.draws):
         if progress:
-            print(f"\r{model.name}: run {draw + 1}/{args.draws}", end="", file=sys.stderr, flush=True)
+            print(f"\r{model.name}: run {draw + 1}/{args.draws}", end="", file=stderr(), flush=True)
         for sizes in runs:
             shapes = shapes_at(model.inputs, sizes)
             inputs = list(model.inputs) if draw == 0 and sizes is None else resample(model.inputs, generator, shapes)
@@ -259,7 +260,7 @@ def _run_draws(
         if result.run_error is not None:
             break
     if progress:
-        print("\r\033[K", end="", file=sys.stderr, flush=True)
+        print("\r\033[K", end="", file=stderr(), flush=True)
     result.sizes = len(runs)
     result.outputs = [worst[key] for key in sorted(worst)]
 

@@ -210,5 +210,10 @@ class FusionOrderError(OpenvinoExportError):
 
 
 @dataclass(eq=False)
+class DeviceError(OpenvinoExportError):
+    """The compile spec names an OpenVINO device this machine does not have."""
+
+
+@dataclass(eq=False)
 class BackendConflictError(OpenvinoExportError):
     """Another ``OpenvinoBackend`` class is loaded; ExecuTorch may pick either."""

@@ -26,12 +26,12 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partit
 from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, is_getitem, unbindable
 from openvino_backend.conversion_check import keep_converted_passthroughs_out
 from openvino_backend.cpu_kernels import ensure_cpu_runnable
-from openvino_backend.diagnostics import EdgeTensorError, Finding, FusionOrderError, NodeRef, op_name
+from openvino_backend.diagnostics import DeviceError, EdgeTensorError, Finding, FusionOrderError, NodeRef, op_name
 from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
 from openvino_backend.fold import fold_constant_subgraphs
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.numerics import NumericalCheck, sample_values
-from openvino_backend.precision import warn_if_reduced
+from openvino_backend.precision import missing_devices, openvino_core, openvino_version, warn_if_reduced
 from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport
 
@@ -99,6 +99,7 @@ class OpenvinoPartitioner(Partitioner):
     ) -> None:
         ensure_sole_backend(OpenvinoBackend)
         self.compile_spec = list(compile_spec or [])
+        _ensure_device(CompileOptions.from_specs(self.compile_spec).device)
         self.delegation_spec = DelegationSpec(OpenvinoBackend.__name__, self.compile_spec)
         self._op_types_to_skip = frozenset(op_types_to_skip or ())
         self._op_names_to_skip = frozenset(op_names_to_skip or ())
@@ -248,6 +249,21 @@ def _ensure_fusable(graph_module: torch.fx.GraphModule, partitions: list[Partiti
             "compute the op without its run-time check (ExecuTorch drops these checks at to_executorch anyway);\n"
             "for one_hot: (index.unsqueeze(-1) == torch.arange(num_classes)).to(dtype)"
         ),
+    )
+
+
+def _ensure_device(device: str) -> None:
+    """Refuse a device OpenVINO cannot find now, rather than when the first partition compiles."""
+    missing = missing_devices(device)
+    if not missing:
+        return
+    available = ", ".join(openvino_core().available_devices) or "none"
+    raise DeviceError(
+        summary=f"OpenVINO finds no {', '.join(missing)} device on this machine (compile spec device={device!r})",
+        why=f"available devices: {available} (OpenVINO {openvino_version()})",
+        fix=f'OpenvinoPartitioner([CompileSpec("device", b"{openvino_core().available_devices[0]}")])'
+        if openvino_core().available_devices
+        else "install the OpenVINO plugin for the device, or lower on a machine that has it",
     )
 
 

@@ -37,6 +37,21 @@ def openvino_core() -> ov.Core:
     return ov.Core()
 
 
+# Devices that stand for others: "AUTO", "HETERO:GPU,CPU", "MULTI:CPU,GPU", "BATCH:GPU(4)".
+VIRTUAL_DEVICES = frozenset({"AUTO", "HETERO", "MULTI", "BATCH"})
+
+
+def missing_devices(device: str) -> list[str]:
+    """The physical devices ``device`` names that OpenVINO does not find on this machine."""
+    available = openvino_core().available_devices
+    families = {name.split(".")[0] for name in available}
+    virtual, _, listed = device.partition(":")
+    names = [n.split("(")[0].strip() for n in listed.split(",") if n.strip()] if virtual in VIRTUAL_DEVICES else []
+    if virtual not in VIRTUAL_DEVICES:
+        names = [device]
+    return [n for n in names if n not in available and not ("." not in n and n in families)]
+
+
 @cache
 def inference_precision(device: str = "CPU") -> torch.dtype:
     """The floating dtype ``device`` computes f32 models in by default."""

@@ -200,3 +200,25 @@ def test_verify_int8_compares_with_the_quantized_model_and_reports_the_float_err
     assert all(e is not None for e in errors) and max(errors) > 0  # INT8 moves the values, and we say by how much
     code, out, _ = _run(["verify", "robot-policy", "--int8", "--draws", "1"], capsys)
     assert code == EXIT_OK and "vs the quantized eager model" in out and "max abs err vs float model" in out
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]], ids=["text", "json"])
+def test_verify_prints_only_its_own_output(extra) -> None:
+    # A fresh process, as a user runs it: the libraries' import-time and runtime lines
+    # (torchao's optional kernels, torch's deprecations, the runtime's "OpenVINO: runtime loaded")
+    # must not reach the terminal, and --json must be clean JSON.
+    result = subprocess.run(
+        [sys.executable, "-m", "openvino_backend", "verify", "copy-of-input", "--draws", "1", *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == EXIT_OK, result.stdout + result.stderr
+    assert result.stderr == ""
+    if extra:
+        assert json.loads(result.stdout)["exit_code"] == 0
+    else:
+        assert result.stdout.startswith("model: copy-of-input\n")
+        assert all(not line or line.startswith(("model:", "  ")) for line in result.stdout.splitlines())
+        assert "runtime loaded" not in result.stdout and "Failed to load" not in result.stdout
