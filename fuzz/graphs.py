@@ -111,6 +111,15 @@ def _reduced(vals: tuple[Value, ...], p: int) -> Value:
     return Value(tuple(shape), vals[0].dtype)
 
 
+def _sum_dtype(dtype: str) -> str:
+    """torch sums small integers in int64."""
+    return "int64" if dtype in ("int8", "bool") else dtype
+
+
+def _summed(vals: tuple[Value, ...], p: int) -> Value:
+    return Value(_reduced(vals, p).shape, _sum_dtype(vals[0].dtype))
+
+
 IDENTITY_OPS = (
     Op("clone", 1, _any, lambda a, v, p: f"{a[0]}.clone()", identity=True),
     Op("detach", 1, _any, lambda a, v, p: f"{a[0]}.detach()", identity=True),
@@ -155,7 +164,7 @@ COMPUTE_OPS = (
         1,
         _reducible,
         lambda a, v, p: f"{a[0]}.sum(dim={_dim(v, p)}, keepdim=True)",
-        _reduced,
+        _summed,
         terms=lambda v, p: v[0].shape[_dim(v, p)],
     ),
     Op(
@@ -242,6 +251,7 @@ ARITH_OPS = (
         1,
         _reducible,
         lambda a, v, p: f"torch.cumsum({a[0]}, dim={_dim(v, p)})",
+        lambda v, p: Value(v[0].shape, _sum_dtype(v[0].dtype)),
         terms=lambda v, p: v[0].shape[_dim(v, p)],
     ),
     Op(
@@ -283,7 +293,7 @@ ARITH_OPS = (
         _shape(lambda s, p: (s[0], int(torch.tensor(s[1:]).prod()))),
     ),
     Op("flip", 1, _ranked(1), lambda a, v, p: f"{a[0]}.flip(-1)"),
-    Op("cat_self", 1, _ranked(1), lambda a, v, p: f"torch.cat([{a[0]}, {a[0]} * 2], dim={_dim(v, p)})", _shape(_cat)),
+    Op("cat_self", 1, _reducible, lambda a, v, p: f"torch.cat([{a[0]}, {a[0]} * 2], dim={_dim(v, p)})", _shape(_cat)),
     Op(
         "repeat",
         1,

@@ -50,12 +50,13 @@ def test_compute_property_passes_a_graph_openvino_would_get_wrong() -> None:
 
 @pytest.mark.parametrize("strategy", [graphs, compute_graphs])
 def test_generated_graphs_run_in_eager(strategy) -> None:
-    @settings(max_examples=50, derandomize=True, deadline=None)
+    @settings(max_examples=200, derandomize=True, deadline=None)
     @given(strategy())
     def prop(spec: GraphSpec) -> None:
         module, inputs = spec.build()
         outputs = module(*inputs)
         assert len(outputs) == len(spec.outputs)
         assert [tuple(o.shape) for o in outputs] == [spec.values()[i].shape for i in spec.outputs]
+        assert [str(o.dtype).removeprefix("torch.") for o in outputs] == [spec.values()[i].dtype for i in spec.outputs]
 
     prop()
