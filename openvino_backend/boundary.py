@@ -28,7 +28,7 @@ Why each rule exists:
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -112,6 +112,8 @@ class PartitionView:
 
     nodes: frozenset[torch.fx.Node]
     program: ExportedProgram
+    # What the rules compute about this partition and may share (its conversion), for one round.
+    memo: dict[str, object] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def leaves(self, node: torch.fx.Node) -> bool:
         """True when ``node``'s result is used outside the partition."""

@@ -80,11 +80,24 @@ def convert_partition(program: ExportedProgram, nodes: Sequence[torch.fx.Node]) 
     return ConvertedPartition(model, inputs, outputs, input_orders, output_orders)
 
 
+def converted(part: PartitionView) -> ConvertedPartition:
+    """``convert_partition`` of a proposed partition, once for all the checks of a round."""
+    if "converted" not in part.memo:
+        try:
+            part.memo["converted"] = convert_partition(part.program, part.ordered())
+        except OpenvinoExportError as error:
+            part.memo["converted"] = error
+    result = part.memo["converted"]
+    if isinstance(result, OpenvinoExportError):
+        raise result
+    return result
+
+
 def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
     """Outputs OpenVINO would feed straight from a Parameter, found by converting the partition."""
     try:
-        converted = convert_partition(part.program, part.ordered())
-        model, outputs = converted.model, converted.outputs
+        partition = converted(part)
+        model, outputs = partition.model, partition.outputs
     except OpenvinoExportError as error:
         # OpenVINO names the ops it could not convert by their FX node names:
         # keep those out. Otherwise preprocess converts again and explains.

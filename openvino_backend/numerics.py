@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +30,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from openvino_backend.boundary import PartitionView, Rejection, is_getitem, non_default_dim_order
-from openvino_backend.conversion_check import convert_partition
+from openvino_backend.conversion_check import ConvertedPartition, convert_partition, converted
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
 from openvino_backend.edge_layout import DimOrder, inverse
 from openvino_backend.precision import Tolerance, effective_dtype, openvino_core
@@ -179,7 +179,7 @@ class NumericalCheck:
 
     def __call__(self, part: PartitionView) -> Iterator[Rejection]:
         nodes = part.ordered()
-        mismatch = self.run(nodes)
+        mismatch = self.run(nodes, lambda: converted(part))
         if mismatch is None:
             return
         culprit, mismatch = self.narrow(nodes, mismatch)
@@ -203,20 +203,22 @@ class NumericalCheck:
                 bad, mismatch = middle, found
         return units[bad - 1][0], mismatch
 
-    def run(self, nodes: list[torch.fx.Node]) -> Mismatch | None:
+    def run(
+        self, nodes: list[torch.fx.Node], convert: Callable[[], ConvertedPartition] | None = None
+    ) -> Mismatch | None:
         """Run ``nodes`` as one partition in OpenVINO; the first output PyTorch disagrees with."""
         try:
-            converted = convert_partition(self.program, nodes)
+            partition = convert() if convert is not None else convert_partition(self.program, nodes)
         except OpenvinoExportError:
             return None  # the conversion check and preprocess explain what does not convert
-        model, inputs, outputs = converted.model, converted.inputs, converted.outputs
+        model, inputs, outputs = partition.model, partition.inputs, partition.outputs
         if not all(_checkable(self.values.get(node)) for node in inputs) or not all(
             _checkable(self.values.get(node), scalar=False) for node in outputs
         ):
             return None
-        feeds = [_as_bound(self.values[n], order) for n, order in zip(inputs, converted.input_orders, strict=True)]
+        feeds = [_as_bound(self.values[n], order) for n, order in zip(inputs, partition.input_orders, strict=True)]
         expected = [self.values[node] for node in outputs]
-        orders = converted.output_orders
+        orders = partition.output_orders
         found = self._compare(model, feeds, expected, nodes, outputs, orders, properties={})
         if found is None:
             return None

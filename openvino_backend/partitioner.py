@@ -185,9 +185,11 @@ class OpenvinoPartitioner(Partitioner):
             ).propose_partitions()
             partitions = [p for p in partitions if _has_compute(p)]
             # The cheap FX rules first; conversion, then running, only once they are satisfied.
+            # One view per partition for the round: the checks that convert share the conversion.
+            views = [PartitionView(frozenset(p.nodes), program) for p in partitions]
             rejected: dict[torch.fx.Node, str] = {}
             for rules in stages:
-                rejected = _apply(rules, partitions, program, excluded)
+                rejected = _apply(rules, views, excluded)
                 if rejected:
                     break
             if not rejected:
@@ -198,12 +200,8 @@ class OpenvinoPartitioner(Partitioner):
 
 
 def _apply(
-    rules: Sequence[BoundaryRule],
-    partitions: list[Partition],
-    program: ExportedProgram,
-    excluded: dict[torch.fx.Node, str],
+    rules: Sequence[BoundaryRule], views: list[PartitionView], excluded: dict[torch.fx.Node, str]
 ) -> dict[torch.fx.Node, str]:
-    views = [PartitionView(frozenset(p.nodes), program) for p in partitions]
     rejected: dict[torch.fx.Node, str] = {}
     for view in views:
         for rule in rules:
