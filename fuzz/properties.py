@@ -32,7 +32,7 @@ from openvino_backend import OpenvinoExportError, OpenvinoPartitioner
 from openvino_backend.convert import convert
 from openvino_backend.precision import Tolerance, openvino_core
 from openvino_backend.preprocess import run_passes
-from openvino_backend.validate import find_passthroughs
+from openvino_backend.validate import find_passthroughs, find_type_mismatches, output_nodes
 from openvino_backend.verify import check_run, declared_formats, lower_exported, resample
 
 NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)
@@ -195,6 +195,10 @@ def probe_partition(edge_program) -> _PartitionProbe:
     if not all(isinstance(v, torch.Tensor) for v in vals):
         # A size read from outside (i64[1] at run time): not what this probe binds; counted by name.
         return _PartitionProbe(flagged, False, refused="SizeInput")
+    if find_type_mismatches(model, [_dtype(node) for node in output_nodes(graph_module)]):
+        # An output OpenVINO types differently (an int8 sum: i8, PyTorch int64) cannot be bound as
+        # PyTorch's dtype; preprocess refuses it (OutputTypeError). Counted by name.
+        return _PartitionProbe(flagged, False, refused="OutputType")
     rng = np.random.default_rng(0)
     arrays = [_random_like(v, rng) for v in vals]
     with torch.no_grad():
@@ -217,6 +221,11 @@ def probe_partition(edge_program) -> _PartitionProbe:
         tolerance = Tolerance.for_output(want.dtype, terms=max(1, want.numel()), scale=max(1.0, _scale(want)))
         stale |= not tolerance.check(torch.from_numpy(got), want.contiguous())
     return _PartitionProbe(flagged, stale)
+
+
+def _dtype(node: object) -> torch.dtype | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def _np_dtype(dtype: torch.dtype) -> str:

@@ -60,3 +60,13 @@ def test_generated_graphs_run_in_eager(strategy) -> None:
         assert [str(o.dtype).removeprefix("torch.") for o in outputs] == [spec.values()[i].dtype for i in spec.outputs]
 
     prop()
+
+
+def test_validator_property_counts_an_output_openvino_types_differently() -> None:
+    # OpenVINO sums int8 in i8 (PyTorch: int64): such a partition cannot be bound as PyTorch's
+    # dtype, and preprocess refuses it; the probe counts it by name instead of failing.
+    spec = GraphSpec(
+        inputs=(Input((1,), "int8"),), steps=(Step("sum_keepdim", (0,), 0),), outputs=(1,), dim_order=False
+    )
+    outcome = check_validator(spec)
+    assert (outcome.kind, outcome.error_class) == ("refused", "OutputType")
