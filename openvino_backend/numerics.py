@@ -176,13 +176,19 @@ class NumericalCheck:
         self.values = values
         self.device = device
         self.narrowed: list[tuple[str, str]] = []  # (op, why) of each node the check kept out
+        self.unchecked = 0  # partitions the check could not run
 
     def __call__(self, part: PartitionView) -> Iterator[Rejection]:
         nodes = part.ordered()
-        mismatch = self.run(nodes, lambda: converted(part))
-        if mismatch is None:
+        try:
+            mismatch = self.run(nodes, lambda: converted(part))
+            if mismatch is None:
+                return
+            culprit, mismatch = self.narrow(nodes, mismatch)
+        except Exception as error:  # a check that cannot run must not take the export down with it
+            logger.warning("numerical check could not run a partition of %d nodes: %s", len(nodes), error)
+            self.unchecked += 1
             return
-        culprit, mismatch = self.narrow(nodes, mismatch)
         reason = (
             f"OpenVINO computes this {op_name(culprit)} differently from PyTorch: {mismatch.detail} "
             "(found by running the partition on sample values; please report the op)"
