@@ -28,9 +28,11 @@ class ResidualCNN(nn.Module):
 
 
 class _ResBlock(nn.Module):
-    def __init__(self, width: int, stride: int) -> None:
+    """A basic residual block: ``width`` channels in, ``out`` (default ``width``) out."""
+
+    def __init__(self, width: int, stride: int, out: int | None = None) -> None:
         super().__init__()
-        cin = cout = width
+        cin, cout = width, out or width
         self.body = nn.Sequential(
             nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
             nn.BatchNorm2d(cout),
@@ -40,7 +42,7 @@ class _ResBlock(nn.Module):
         )
         self.shortcut = (
             nn.Identity()
-            if stride == 1
+            if stride == 1 and cin == cout
             else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
         )
 
@@ -58,33 +60,13 @@ class ResNet18(nn.Module):
         )
         blocks, cin = [], 64
         for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            blocks += [_BasicBlock(cin, cout, stride), _BasicBlock(cout, cout, 1)]
+            blocks += [_ResBlock(cin, stride, cout), _ResBlock(cout, 1)]
             cin = cout
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Linear(512, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
-
-
-class _BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
-            nn.BatchNorm2d(cout),
-            nn.ReLU(),
-            nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
-            nn.BatchNorm2d(cout),
-        )
-        self.shortcut = (
-            nn.Identity()
-            if stride == 1 and cin == cout
-            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.body(x) + self.shortcut(x))
 
 
 class TransformerEncoder(nn.Module):

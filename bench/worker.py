@@ -25,19 +25,22 @@ def _protocol_stream():
     return stream
 
 
+def _timed(totals: dict[str, float], name: str, fn):
+    """``fn``, adding the seconds each call takes to ``totals[name]``."""
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[name] += time.perf_counter() - start
+
+    return wrapper
+
+
 def _instrument_preprocess(totals: dict[str, float]) -> None:
     """Time each named step of our preprocess (the validation share)."""
     import openvino_backend.preprocess as pre
-
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                totals[name] += time.perf_counter() - start
-
-        return wrapper
 
     steps = (
         "edge_dim_orders",
@@ -50,7 +53,7 @@ def _instrument_preprocess(totals: dict[str, float]) -> None:
         "validate_compiled",
     )
     for name in steps:
-        setattr(pre, name, timed(name, getattr(pre, name)))
+        setattr(pre, name, _timed(totals, name, getattr(pre, name)))
     backend = pre.OpenvinoBackend
     original = backend.preprocess.__func__
 
@@ -69,19 +72,9 @@ def _instrument_partitioner(totals: dict[str, float]) -> None:
     import openvino_backend.numerics as numerics
     import openvino_backend.partitioner as part
 
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                totals[name] += time.perf_counter() - start
-
-        return wrapper
-
-    part.sample_values = timed("numerical_check", part.sample_values)
-    part.keep_converted_passthroughs_out = timed("conversion_check", part.keep_converted_passthroughs_out)
-    numerics.NumericalCheck.__call__ = timed("numerical_check", numerics.NumericalCheck.__call__)
+    part.sample_values = _timed(totals, "numerical_check", part.sample_values)
+    part.keep_converted_passthroughs_out = _timed(totals, "conversion_check", part.keep_converted_passthroughs_out)
+    numerics.NumericalCheck.__call__ = _timed(totals, "numerical_check", numerics.NumericalCheck.__call__)
 
 
 def main() -> int:

@@ -499,15 +499,7 @@ def graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max_outputs
     dim_order = draw(st.booleans())
     # About half the graphs have a dynamic dim 0, shared by the inputs whose dim 0 has the drawn size.
     dynamic_size = draw(st.integers(DYNAMIC_RANGE[0], 4)) if draw(st.booleans()) else None
-    inputs = []
-    for index in range(draw(st.integers(1, max_inputs))):
-        rank = draw(st.integers(1, 4))
-        shape = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
-        if dynamic_size is not None and index == 0:
-            shape = (dynamic_size, *shape[1:])
-        dtype = draw(st.sampled_from(DTYPES))
-        channels_last = rank == 4 and dim_order and draw(st.booleans())
-        inputs.append(Input(shape, dtype, channels_last))
+    inputs = _draw_inputs(draw, max_inputs, dim_order, dynamic_size, DTYPES, channels_last=st.booleans())
     return _draw_steps(
         draw,
         inputs,
@@ -518,6 +510,27 @@ def graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max_outputs
         # Identity-like ops are what this fuzzer is about: draw them more often.
         lambda: IDENTITY_OPS if draw(st.integers(0, 2)) else COMPUTE_OPS,
     )
+
+
+def _draw_inputs(
+    draw: st.DrawFn,
+    max_inputs: int,
+    dim_order: bool,
+    dynamic_size: int | None,
+    dtypes: tuple[str, ...],
+    channels_last: st.SearchStrategy[bool],
+) -> list[Input]:
+    """1 to ``max_inputs`` inputs of rank 1 to 4; the first has dim 0 of ``dynamic_size`` if given."""
+    inputs = []
+    for index in range(draw(st.integers(1, max_inputs))):
+        rank = draw(st.integers(1, 4))
+        shape = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+        if dynamic_size is not None and index == 0:
+            shape = (dynamic_size, *shape[1:])
+        dtype = draw(st.sampled_from(dtypes))
+        # ExecuTorch runs channels-last only with dim order on.
+        inputs.append(Input(shape, dtype, rank == 4 and dim_order and draw(channels_last)))
+    return inputs
 
 
 def _draw_steps(
@@ -566,14 +579,8 @@ def compute_graphs(draw: st.DrawFn, max_inputs: int = 3, max_steps: int = 8, max
     """General compute graphs over the op kinds OpenVINO claims, with some identity-like ops mixed in."""
     dim_order = draw(st.booleans())
     dynamic_size = draw(st.integers(DYNAMIC_RANGE[0], 4)) if draw(st.booleans()) else None
-    inputs = []
-    for index in range(draw(st.integers(1, max_inputs))):
-        rank = draw(st.integers(1, 4))
-        shape = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
-        if dynamic_size is not None and index == 0:
-            shape = (dynamic_size, *shape[1:])
-        channels_last = rank == 4 and dim_order and draw(st.integers(0, 3)) == 0
-        inputs.append(Input(shape, draw(st.sampled_from(COMPUTE_DTYPES)), channels_last))
+    quarter = st.integers(0, 3).map(lambda n: n == 0)  # channels-last for a quarter of 4-d inputs
+    inputs = _draw_inputs(draw, max_inputs, dim_order, dynamic_size, COMPUTE_DTYPES, channels_last=quarter)
     pools = (ARITH_OPS, ARITH_OPS, COMPUTE_OPS, IDENTITY_OPS)
     return _draw_steps(
         draw, inputs, dim_order, dynamic_size, max_steps, max_outputs, lambda: draw(st.sampled_from(pools))
