@@ -2,8 +2,8 @@
 
 The pipeline, one named step each::
 
-    edge dim orders -> passes -> validate edge tensors -> convert -> validate (pass-throughs, output types)
-        -> adapt edge layouts -> compile -> validate compiled -> export
+    edge dim orders -> passes -> validate edge tensors -> convert -> validate output types
+        -> adapt edge layouts -> validate pass-throughs -> compile -> validate compiled -> export
 
 The class name must be exactly ``OpenvinoBackend``: the stock ExecuTorch
 runtime finds its C++ half by that name.
