@@ -37,7 +37,7 @@ def fx_chain(nodes: int) -> SimpleNamespace:
     graph.output(tuple([*outputs, value]))
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
     signature = ExportGraphSignature(input_specs=[], output_specs=[])
-    return SimpleNamespace(graph_module=module, graph=graph, graph_signature=signature)
+    return SimpleNamespace(graph_module=module, graph=graph, graph_signature=signature, state_dict={}, constants={})
 
 
 def time_rules(nodes: int, repeats: int = 3) -> float:
