@@ -184,7 +184,7 @@ def _lower_one(
     try:
         exported = model.exported
         if args.int8:
-            generator = torch.Generator().manual_seed(args.seed if hasattr(args, "seed") else 0)
+            generator = torch.Generator().manual_seed(getattr(args, "seed", 0))  # `lower` has no --seed
             calibration = [resample(model.inputs, generator) for _ in range(CALIBRATION_DRAWS)]
             reference = quantize_int8(exported or model.module, model.inputs, calibration)
             exported = torch.export.export(reference, tuple(model.inputs), dynamic_shapes=shapes)

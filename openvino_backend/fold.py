@@ -38,7 +38,8 @@ _SKIP = {torch.ops.aten.full.default, *_QUANT_PRIMITIVES}
 def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDED_BYTES) -> ExportedProgram:
     """A copy of ``program`` whose foldable constant subgraphs are replaced by their values
     (``program`` itself when there are none)."""
-    if not _foldable(program, max_bytes):
+    found = _foldable(program, max_bytes)
+    if not found:
         return program
     program = program._update(
         copy.deepcopy(program.graph_module),
@@ -46,7 +47,9 @@ def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDE
         state_dict=dict(program.state_dict),
         constants=dict(program.constants),
     )
-    folded = _foldable(program, max_bytes)
+    # The same nodes in the copy (names survive deepcopy), in the same order: computed once.
+    by_name = {node.name: node for node in program.graph.nodes}
+    folded = {by_name[node.name]: value for node, value in found.items()}
     logger.debug("folding constant nodes: %s", ", ".join(n.name for n in folded if n.op != "placeholder"))
     specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
     specs.update(create_constant_nodes_and_return_specs(folded, program))

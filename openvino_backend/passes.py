@@ -11,6 +11,14 @@ _EDGE = exir_ops.edge.aten
 _QUANT = exir_ops.edge.quantized_decomposed
 
 
+def _retraced(export_pass: ExportPass, graph_module: torch.fx.GraphModule, modified: bool) -> PassResult:
+    """The pass's result: ``graph_module`` as it is, or retraced so new nodes get their ``meta["val"]``."""
+    if not modified:
+        return PassResult(graph_module, False)
+    graph_module.recompile()
+    return PassResult(ExportPass.call(export_pass, graph_module).graph_module, True)
+
+
 class DecomposeFloorDividePass(ExportPass):
     """``div(a, b, rounding_mode="floor")`` -> ``floor(div(a, b))``.
 
@@ -42,10 +50,7 @@ class DecomposeFloorDividePass(ExportPass):
             node.replace_all_uses_with(replacement)
             graph.erase_node(node)
             modified = True
-        if not modified:
-            return PassResult(graph_module, False)
-        graph_module.recompile()
-        return PassResult(super().call(graph_module).graph_module, True)
+        return _retraced(self, graph_module, modified)
 
 
 class DecomposeStoredDequantizePass(ExportPass):
@@ -90,10 +95,7 @@ class DecomposeStoredDequantizePass(ExportPass):
             node.replace_all_uses_with(value)
             graph.erase_node(node)
             modified = True
-        if not modified:
-            return PassResult(graph_module, False)
-        graph_module.recompile()
-        return PassResult(super().call(graph_module).graph_module, True)
+        return _retraced(self, graph_module, modified)
 
 
 def prepare_for_frontend(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
