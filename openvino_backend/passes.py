@@ -6,6 +6,7 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass, PassResult
 from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 _EDGE = exir_ops.edge.aten
 _QUANT = exir_ops.edge.quantized_decomposed
@@ -98,10 +99,133 @@ class DecomposeStoredDequantizePass(ExportPass):
         return _retraced(self, graph_module, modified)
 
 
+class ConstantShapeArgumentsPass(ExportPass):
+    """Symbolic sizes in ``view_copy`` and ``expand_copy`` written as -1 where that means the same.
+
+    A size computed from a symbolic dim (``view_copy(x, [9*s, 4, 16])``)
+    reaches OpenVINO as a run-time input or a shape subgraph: the Reshape's
+    target is data, OpenVINO loses the static dims around it ([?,?,?,?]
+    where [1,4,?,16] is known) and re-infers shapes on every call. A view with
+    one symbolic dim gets ``-1`` there (the element count fixes it, as long as
+    it cannot be zero); an expand gets ``-1`` wherever it keeps the input's
+    size. The targets are then constants.
+    """
+
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        modified = False
+        for node in graph_module.graph.find_nodes(op="call_function", target=_EDGE.view_copy.default):
+            shape = node.meta["val"].shape
+            symbolic = [i for i, d in enumerate(shape) if not isinstance(d, int)]
+            if len(symbolic) != 1 or not statically_known_true(node.meta["val"].numel() > 0):
+                continue
+            size = [-1 if isinstance(d, torch.SymInt) else d for d in shape]
+            if size != list(node.args[1]):
+                node.args = (node.args[0], size, *node.args[2:])
+                modified = True
+        for node in graph_module.graph.find_nodes(op="call_function", target=_EDGE.expand_copy.default):
+            source = node.args[0].meta["val"].shape
+            size = list(node.args[1])
+            offset = len(size) - len(source)
+            kept = [i for i in range(offset, len(size)) if _same_size(size[i], source[i - offset])]
+            for i in kept:
+                size[i] = -1
+            if kept:
+                node.args = (node.args[0], size, *node.args[2:])
+                modified = True
+        if modified:
+            graph_module.graph.eliminate_dead_code()
+            graph_module.recompile()
+        return PassResult(graph_module, modified)
+
+
+class RecomposeMatmulPass(ExportPass):
+    """``view(bmm(view(expand(a)), view(expand(b))))`` -> ``matmul(a, b)``.
+
+    PyTorch decomposes a batched ``matmul`` into expands that materialize the
+    broadcast batch, reshapes to 3-d, ``bmm`` and a reshape back. OpenVINO's
+    MatMul broadcasts batch dims itself; given the decomposed form it runs
+    five ops instead of one, and its attention fusions do not see the MatMul
+    -> Softmax -> MatMul chain. The rewrite applies only where the result's
+    shape is exactly ``matmul``'s (the batch dims broadcast, the matrix dims
+    untouched by the expands).
+    """
+
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        graph = graph_module.graph
+        modified = False
+        for bmm in list(graph.find_nodes(op="call_function", target=_EDGE.bmm.default)):
+            if len(bmm.users) != 1:
+                continue
+            (out,) = bmm.users
+            if out.target != _EDGE.view_copy.default:
+                continue
+            out_batch = out.meta["val"].shape[:-2]
+            sources = [_batched_source(operand, out_batch) for operand in bmm.args[:2]]
+            if any(source is None for source in sources):
+                continue
+            a, b = (source.meta["val"] for source in sources)
+            try:
+                batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+            except RuntimeError:
+                continue
+            if not _same_shape((*batch, a.shape[-2], b.shape[-1]), out.meta["val"].shape):
+                continue
+            with graph.inserting_before(out):
+                # The frontend has no rule for aten.matmul; it translates bmm as MatMul, which
+                # broadcasts batch dims. This graph is only ever read by the frontend.
+                matmul = graph.call_function(_EDGE.bmm.default, tuple(sources))
+            matmul.meta.update(out.meta)
+            out.replace_all_uses_with(matmul)
+            modified = True
+        if modified:
+            graph.eliminate_dead_code()
+            graph_module.recompile()
+        return PassResult(graph_module, modified)
+
+
+def _batched_source(operand: torch.fx.Node, batch: tuple) -> torch.fx.Node | None:
+    """The tensor a ``bmm`` operand was flattened from (before any expand), if the flattened
+    dims are exactly ``batch`` and the matrix dims are untouched."""
+    if not isinstance(operand, torch.fx.Node) or operand.target != _EDGE.view_copy.default:
+        return None
+    source = operand.args[0]
+    while isinstance(source, torch.fx.Node) and source.target == _EDGE.clone.default:  # the same values
+        source = source.args[0]
+    if not isinstance(source, torch.fx.Node) or not _same_shape(source.meta["val"].shape[:-2], batch):
+        return None  # the batch elements would pair up differently
+    if source.target == _EDGE.expand_copy.default:
+        expanded = source.args[0]
+        if expanded.meta["val"].dim() >= 2 and _same_shape(
+            expanded.meta["val"].shape[-2:], source.meta["val"].shape[-2:]
+        ):
+            source = expanded
+    shape = source.meta["val"].shape
+    if len(shape) < 3 or not _same_shape(shape[-2:], operand.meta["val"].shape[-2:]):
+        return None
+    return source
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b, strict=True))
+
+
+def _same_size(entry: object, size: int | torch.SymInt) -> bool:
+    """True if ``entry`` (an expand's size argument) is the symbolic ``size`` itself."""
+    value = entry.meta.get("val") if isinstance(entry, torch.fx.Node) else None
+    return isinstance(value, torch.SymInt) and isinstance(size, torch.SymInt) and value.node.expr == size.node.expr
+
+
 def prepare_for_frontend(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Dim-order ops back to their aten forms, floor division fixed, stored weights dequantized
-    explicitly: what the frontend converts."""
-    for make_pass in (DimOrderOpsRevertPass, DecomposeFloorDividePass, DecomposeStoredDequantizePass):
+    explicitly, batched matmuls and shape arguments in the forms OpenVINO optimizes: what the
+    frontend converts."""
+    for make_pass in (
+        DimOrderOpsRevertPass,
+        DecomposeFloorDividePass,
+        DecomposeStoredDequantizePass,
+        RecomposeMatmulPass,
+        ConstantShapeArgumentsPass,
+    ):
         result = make_pass()(graph_module)
         if result is not None and result.graph_module is not None:
             graph_module = result.graph_module

@@ -1,0 +1,87 @@
+"""The graph rewrites before the frontend: same values, and the forms OpenVINO optimizes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from executorch.exir.dialects._ops import ops as exir_ops
+from torch.export import Dim
+
+from openvino_backend import OpenvinoPartitioner
+from openvino_backend.passes import prepare_for_frontend
+from openvino_backend.verify import check_run, lower_exported
+from tests.dynamic_models import Policy
+
+BATCH = Dim("batch", min=1, max=8)
+_EDGE = exir_ops.edge.aten
+
+
+def _frontend_graph(program) -> torch.fx.Graph:
+    """The graph preprocess hands the frontend for the program's one partition."""
+    lowered = program.exported_program().graph_module.lowered_module_0
+    return prepare_for_frontend(copy.deepcopy(lowered.original_module.graph_module)).graph
+
+
+def _assert_right_at(module: torch.nn.Module, buffer: bytes, inputs: list[list[torch.Tensor]]) -> None:
+    for given in inputs:
+        report = check_run(module, buffer, given, terms=8)
+        assert report.error is None, report.error
+        for out in report.outputs:
+            assert out.values_ok, f"at {[tuple(x.shape) for x in given]}: max abs error {out.max_abs:.3g}"
+
+
+class BroadcastMatmul(torch.nn.Module):
+    """A 4-d by 3-d matmul: PyTorch decomposes it into expands, 3-d views, bmm and a view back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(5, 4, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(x, self.weight)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_batched_matmul_reaches_openvino_as_one_matmul(dynamic: bool) -> None:
+    module = BroadcastMatmul().eval()
+    x = torch.randn(2, 1, 3, 4)
+    exported = torch.export.export(module, (x,), dynamic_shapes=({0: BATCH},) if dynamic else None)
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+
+    graph = _frontend_graph(program)
+    assert not graph.find_nodes(op="call_function", target=_EDGE.expand_copy.default)
+    (matmul,) = graph.find_nodes(op="call_function", target=_EDGE.bmm.default)
+    assert [a.meta["val"].dim() for a in matmul.args] == [4, 3]
+    sizes = (1, 2, 8) if dynamic else (2,)
+    _assert_right_at(module, program.buffer, [[torch.randn(n, 1, 3, 4)] for n in sizes])
+
+
+class RegroupedBmm(torch.nn.Module):
+    """A bmm whose result is viewed with its batch regrouped: not a matmul of the unflattened inputs."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a.reshape(6, 3, 4), b.reshape(6, 4, 5)).reshape(3, 2, 3, 5)
+
+
+def test_bmm_with_regrouped_batch_is_left_as_it_is() -> None:
+    module = RegroupedBmm().eval()
+    inputs = (torch.randn(2, 3, 3, 4), torch.randn(2, 3, 4, 5))
+    program = lower_exported(torch.export.export(module, inputs), partitioner=OpenvinoPartitioner())
+    (bmm,) = _frontend_graph(program).find_nodes(op="call_function", target=_EDGE.bmm.default)
+    assert [a.meta["val"].dim() for a in bmm.args] == [3, 3]
+    _assert_right_at(module, program.buffer, [list(inputs)])
+
+
+def test_symbolic_view_sizes_reach_openvino_as_constants() -> None:
+    # Each attention reshape is sized by the batch (9 * batch, ...): written as -1, its target is a
+    # constant and OpenVINO keeps the static dims around it.
+    module = Policy().eval()
+    exported = torch.export.export(module, (torch.randn(2, 8, 24),), dynamic_shapes=({0: BATCH},))
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    views = _frontend_graph(program).find_nodes(op="call_function", target=_EDGE.view_copy.default)
+    assert views
+    symbolic = [view for view in views if not all(isinstance(d, int) for d in view.args[1])]
+    assert not symbolic, [(view.name, view.args[1]) for view in symbolic]
+    _assert_right_at(module, program.buffer, [[torch.randn(n, 8, 24)] for n in (1, 2, 8)])
