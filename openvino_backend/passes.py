@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass, PassResult
-from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
+from executorch.exir.passes.memory_format_ops_pass import MemoryFormatOpsMap, get_memory_format
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 _EDGE = exir_ops.edge.aten
@@ -18,6 +18,34 @@ def _retraced(export_pass: ExportPass, graph_module: torch.fx.GraphModule, modif
         return PassResult(graph_module, False)
     graph_module.recompile()
     return PassResult(ExportPass.call(export_pass, graph_module).graph_module, True)
+
+
+class RevertDimOrderOpsPass(ExportPass):
+    """Dim-order ops back to their memory-format forms, which the frontend translates.
+
+    What ExecuTorch's ``DimOrderOpsRevertPass`` does, in place: that pass is an
+    ``ExportPass`` that re-traces the whole graph to rename a few ops, the
+    largest cost of converting a large partition. The values, and so every
+    ``meta["val"]``, stay as they are.
+    """
+
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        modified = False
+        for node in graph_module.graph.nodes:
+            if node.op != "call_function" or node.target not in MemoryFormatOpsMap:
+                continue
+            target = MemoryFormatOpsMap[node.target]
+            first = node.args[0]
+            rank = len(first) if isinstance(first, (list, tuple)) else first.meta["val"].dim()
+            kwargs = dict(node.kwargs)
+            kwargs["memory_format"] = get_memory_format(kwargs.pop("dim_order", list(range(rank))))
+            accepted = {argument.name for argument in target._schema.arguments}
+            node.target = target
+            node.kwargs = {name: value for name, value in kwargs.items() if name in accepted}
+            modified = True
+        if modified:
+            graph_module.recompile()
+        return PassResult(graph_module, modified)
 
 
 class DecomposeFloorDividePass(ExportPass):
@@ -220,7 +248,7 @@ def prepare_for_frontend(graph_module: torch.fx.GraphModule) -> torch.fx.GraphMo
     explicitly, batched matmuls and shape arguments in the forms OpenVINO optimizes: what the
     frontend converts."""
     for make_pass in (
-        DimOrderOpsRevertPass,
+        RevertDimOrderOpsPass,
         DecomposeFloorDividePass,
         DecomposeStoredDequantizePass,
         RecomposeMatmulPass,
