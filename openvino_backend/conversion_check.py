@@ -11,8 +11,8 @@ op, so the list can learn from them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import openvino as ov
 import torch
@@ -68,6 +68,44 @@ class ConvertedPartition:
     outputs: tuple[torch.fx.Node, ...]  # in Result order
     input_orders: tuple[DimOrder | None, ...]
     output_orders: tuple[DimOrder | None, ...]
+    # Compiled by the numerical check, by (device, properties): preprocess can export one as it is.
+    compiled: dict[tuple[str, str], ov.CompiledModel] = field(default_factory=dict, compare=False, repr=False)
+
+
+def compile_key(device: str, properties: Mapping[str, str]) -> tuple[str, str]:
+    return device, repr(sorted(properties.items()))
+
+
+# The final partitions' conversions, handed from the partitioner's checks to preprocess, keyed by
+# the names of the nodes each partition computes. Preprocess takes one only when the partition it
+# is given has the same inputs and outputs in the same order, by name; otherwise it converts.
+_HANDED_OVER: dict[frozenset[str], ConvertedPartition] = {}
+
+
+def hand_over(parts: Iterable[PartitionView]) -> None:
+    """Offer preprocess the conversions the checks made of these (final) partitions."""
+    _HANDED_OVER.clear()
+    for part in parts:
+        result = part.memo.get("converted")
+        if isinstance(result, ConvertedPartition):
+            _HANDED_OVER[_key(part.nodes)] = result
+
+
+def take_over(
+    graph_module: torch.fx.GraphModule, input_names: Sequence[str], output_names: Sequence[str]
+) -> ConvertedPartition | None:
+    """The checks' conversion of this partition (once), if its inputs and outputs are the same."""
+    handed = _HANDED_OVER.pop(_key(graph_module.graph.nodes), None)
+    if handed is None:
+        return None
+    if [n.name for n in handed.inputs] != list(input_names) or [n.name for n in handed.outputs] != list(output_names):
+        logger.debug("the checks converted this partition with other inputs or outputs; converting again")
+        return None
+    return handed
+
+
+def _key(nodes: Iterable[torch.fx.Node]) -> frozenset[str]:
+    return frozenset(node.name for node in nodes if node.op == "call_function")
 
 
 def convert_partition(program: ExportedProgram, nodes: Sequence[torch.fx.Node]) -> ConvertedPartition:

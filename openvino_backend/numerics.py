@@ -30,7 +30,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from openvino_backend.boundary import PartitionView, Rejection, is_getitem, non_default_dim_order
-from openvino_backend.conversion_check import ConvertedPartition, convert_partition, converted
+from openvino_backend.conversion_check import ConvertedPartition, compile_key, convert_partition, converted
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
 from openvino_backend.edge_layout import DimOrder, inverse
 from openvino_backend.precision import Tolerance, effective_dtype, openvino_core
@@ -217,7 +217,7 @@ class NumericalCheck:
             partition = convert() if convert is not None else convert_partition(self.program, nodes)
         except OpenvinoExportError:
             return None  # the conversion check and preprocess explain what does not convert
-        model, inputs, outputs = partition.model, partition.inputs, partition.outputs
+        inputs, outputs = partition.inputs, partition.outputs
         if not all(_checkable(self.values.get(node)) for node in inputs) or not all(
             _checkable(self.values.get(node), scalar=False) for node in outputs
         ):
@@ -225,19 +225,19 @@ class NumericalCheck:
         feeds = [_as_bound(self.values[n], order) for n, order in zip(inputs, partition.input_orders, strict=True)]
         expected = [self.values[node] for node in outputs]
         orders = partition.output_orders
-        found = self._compare(model, feeds, expected, nodes, outputs, orders, properties={})
+        found = self._compare(partition, feeds, expected, nodes, outputs, orders, properties={})
         if found is None:
             return None
         # Rounding in a reduced precision, or a wrong result? f32 tells them apart.
         f32 = {"INFERENCE_PRECISION_HINT": "f32"}
-        if self._compare(model, feeds, expected, nodes, outputs, orders, properties=f32) is None:
+        if self._compare(partition, feeds, expected, nodes, outputs, orders, properties=f32) is None:
             logger.debug("%s: within rounding once computed in f32 (%s)", found.node.name, found.detail)
             return None
         return found
 
     def _compare(
         self,
-        model: ov.Model,
+        partition: ConvertedPartition,
         feeds: list[object],
         expected: list[torch.Tensor],
         nodes: Sequence[torch.fx.Node],
@@ -248,7 +248,11 @@ class NumericalCheck:
         f32 = bool(properties)
         depths = _depths(nodes)
         try:
-            compiled = openvino_core().compile_model(model, self.device, dict(properties))
+            key = compile_key(self.device, properties)
+            compiled = partition.compiled.get(key)
+            if compiled is None:
+                compiled = openvino_core().compile_model(partition.model, self.device, dict(properties))
+                partition.compiled[key] = compiled
             planned = [_as_bound(want, order) for want, order in zip(expected, orders, strict=True)]
             bound, overwritten = run_like_runtime(compiled, feeds, planned)
             actual = [_from_bound(b, o, w.shape) for b, o, w in zip(bound, orders, expected, strict=True)]

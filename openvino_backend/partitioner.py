@@ -24,7 +24,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 
 from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, is_getitem, unbindable
-from openvino_backend.conversion_check import keep_converted_passthroughs_out
+from openvino_backend.conversion_check import hand_over, keep_converted_passthroughs_out
 from openvino_backend.cpu_kernels import ensure_cpu_runnable
 from openvino_backend.diagnostics import DeviceError, EdgeTensorError, Finding, FusionOrderError, NodeRef, op_name
 from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
@@ -193,6 +193,7 @@ class OpenvinoPartitioner(Partitioner):
                 if rejected:
                     break
             if not rejected:
+                hand_over(views)  # preprocess need not convert (or compile) these again
                 return partitions, support.rejected
             for node, reason in rejected.items():
                 logger.info("keeping %s (%s) out of OpenVINO: %s", node.name, op_name(node), reason)

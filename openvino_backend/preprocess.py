@@ -5,6 +5,12 @@ The pipeline, one named step each::
     edge dim orders -> passes -> validate edge tensors -> convert -> validate output types
         -> adapt edge layouts -> validate pass-throughs -> compile -> validate compiled -> export
 
+The partitioner's checks have already converted (and the numerical check
+compiled) each final partition the same way; preprocess takes that work over
+when the partition it is given has the same nodes, inputs and outputs, by
+name (``conversion_check.take_over``), and skips those steps. The checks run
+on it all the same.
+
 The class name must be exactly ``OpenvinoBackend``: the stock ExecuTorch
 runtime finds its C++ half by that name.
 """
@@ -22,7 +28,8 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
 from openvino_backend.boundary import non_default_dim_order
-from openvino_backend.convert import conversion_error, convert
+from openvino_backend.conversion_check import compile_key, take_over
+from openvino_backend.convert import conversion_error, convert, take_bound_pads
 from openvino_backend.diagnostics import NodeRef
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import ensure_sole_backend
@@ -68,11 +75,16 @@ class OpenvinoBackend(BackendDetails):
         ensure_sole_backend(cls)
         options = CompileOptions.from_specs(compile_specs)
         input_orders, output_orders = edge_dim_orders(edge_program)
+        handed = take_over(edge_program.graph_module, *edge_names(edge_program))
         graph_module = run_passes(edge_program).module()
         validate_edge_tensors(graph_module, partition=options.partition)
-        model = convert(graph_module, partition=options.partition)
+        if handed is not None:  # converted (and adapted) exactly so by the partitioner's checks
+            take_bound_pads(graph_module)
+            model = handed.model
+        else:
+            model = convert(graph_module, partition=options.partition)
         validate_output_types(model, graph_module, partition=options.partition)
-        if any(order is not None for order in (*input_orders, *output_orders)):
+        if handed is None and any(order is not None for order in (*input_orders, *output_orders)):
             readers, writers = edge_nodes(graph_module)
             adapt_edge_layouts(
                 model,
@@ -84,7 +96,9 @@ class OpenvinoBackend(BackendDetails):
             )
         # After the layouts: an input copied to an output in another dim order is a real transpose.
         validate_model(model, graph_module, partition=options.partition)
-        compiled = compile_model(model, options, graph_module)
+        compiled = handed.compiled.get(compile_key(options.device, options.properties)) if handed else None
+        if compiled is None:
+            compiled = compile_model(model, options, graph_module)
         validate_compiled(compiled, graph_module, partition=options.partition)
         return PreprocessResult(processed_bytes=compiled.export_model().getvalue())
 
@@ -93,6 +107,14 @@ def run_passes(program: ExportedProgram) -> ExportedProgram:
     """Rewrite dim-order ops to aten and fix floor division, for the frontend."""
     program._graph_module = prepare_for_frontend(program.graph_module)
     return program
+
+
+def edge_names(program: ExportedProgram) -> tuple[list[str], list[str]]:
+    """Names of the partition's run-time inputs and of the nodes making its outputs, in order."""
+    user_inputs = set(program.graph_signature.user_inputs)
+    inputs = [node.name for node in program.graph.find_nodes(op="placeholder") if node.name in user_inputs]
+    outputs = [node.name if isinstance(node, torch.fx.Node) else "" for node in output_nodes(program.graph_module)]
+    return inputs, outputs
 
 
 def edge_dim_orders(program: ExportedProgram) -> tuple[list[DimOrder | None], list[DimOrder | None]]:

@@ -1,0 +1,78 @@
+"""Preprocess takes over the partitioner's conversion of each partition, and still checks it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+import openvino_backend.conversion_check as conversion_check
+import openvino_backend.numerics as numerics
+import openvino_backend.preprocess as preprocess
+from openvino_backend import OpenvinoPartitioner, PassthroughOutputError
+from openvino_backend.verify import delegate_ids
+from tests.harness import execute_layer_test
+from tests.test_validate import CopyThenSin
+
+
+class TwoPartitions(torch.nn.Module):
+    """With ``cos`` skipped it runs on the CPU and splits the graph in two."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(x @ x.T)
+        return h.sin(), (h.cos() * 2).exp()
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, module: object, names: tuple[str, ...]) -> Counter:
+    calls: Counter = Counter()
+    for name in names:
+        original = getattr(module, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("checks", [True, False], ids=["checks", "no-checks"])
+def test_preprocess_converts_and_compiles_only_what_the_checks_did_not(
+    monkeypatch: pytest.MonkeyPatch, checks: bool
+) -> None:
+    calls = _count_calls(monkeypatch, preprocess, ("convert", "compile_model", "validate_model", "validate_compiled"))
+    partitioner = OpenvinoPartitioner(
+        check_by_conversion=checks, check_numerics=checks, op_types_to_skip={"aten.cos.default"}
+    )
+    program = execute_layer_test(
+        TwoPartitions(), (torch.randn(4, 4),), expected_partitions=None, partitioner=partitioner
+    )
+    partitions = len(delegate_ids(program))
+    assert partitions == 2
+    # Converted and compiled once per partition, by the checks or by preprocess; checked by preprocess always.
+    assert calls["convert"] == calls["compile_model"] == (0 if checks else partitions)
+    assert calls["validate_model"] == calls["validate_compiled"] == partitions
+
+
+def test_a_handed_over_conversion_is_still_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A numerical check that converts and compiles but finds nothing, and no other rule: the
+    # pass-through reaches preprocess in the conversion it takes over, and must be refused there.
+    def convert_only(self, part):
+        conversion_check.converted(part)
+        return iter(())
+
+    monkeypatch.setattr(numerics.NumericalCheck, "__call__", convert_only)
+    handed: list[object] = []
+    original = conversion_check.take_over
+
+    def spy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        handed.append(result)
+        return result
+
+    monkeypatch.setattr(preprocess, "take_over", spy)
+    partitioner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False)
+    with pytest.raises(PassthroughOutputError):
+        execute_layer_test(CopyThenSin(), (torch.randn(3, 4),), partitioner=partitioner)
+    assert handed and all(result is not None for result in handed), "preprocess converted on its own"
