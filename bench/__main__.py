@@ -224,6 +224,54 @@ def _inference_row(name: str, paths: dict[str, Path], errors: dict[str, str], re
     return (name, cell("ours"), cell("upstream"), cell("plain"), ratio("ours", "upstream"), ratio("ours", "plain"))
 
 
+LARGE_MODEL = "decoder-16"
+LARGE_STAGES = (
+    ("partition", "partition"),
+    ("conversion_check", "  conversion check"),
+    ("numerical_check", "  numerical check"),
+    ("pre_decomposition", "folding + padding"),
+    ("preprocess", "preprocess"),
+    ("run_passes", "  passes"),
+    ("convert", "  convert"),
+    ("compile_model", "  compile"),
+)
+
+
+def bench_large(reps: int, workdir: Path) -> list[tuple]:
+    """The large decoder lowered by both backends, interleaved; our stages' seconds beside the totals."""
+    workers = {name: Worker(name) for name in ("ours", "upstream")}
+    times: dict[str, list[float]] = {name: [] for name in workers}
+    errors: dict[str, str] = {}
+    steps: list[dict] = []
+    try:
+        for _ in range(reps):
+            for backend, worker in workers.items():
+                reply = worker.lower(LARGE_MODEL, workdir / f"{LARGE_MODEL}-{backend}.pte")
+                if "error" in reply:
+                    errors[backend] = reply["error"]
+                    continue
+                times[backend].append(reply["seconds"])
+                if backend == "ours":
+                    steps.append(reply["steps"])
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+    def median(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f}" if values else "-"
+
+    rows = [
+        ("total (ours)", median(times["ours"])),
+        ("total (upstream)", median(times["upstream"]) if times["upstream"] else errors.get("upstream", "-")[:60]),
+    ]
+    if times["ours"] and len(times["ours"]) == len(times["upstream"]):
+        rows.append(("ours / upstream", f"{_median_ratio(times['ours'], times['upstream']):.2f}"))
+    own = [s.get("partition", 0) + s.get("pre_decomposition", 0) + s.get("preprocess", 0) for s in steps]
+    rows.append(("this package's own share", median(own)))
+    rows += [(label, median([s.get(key, 0.0) for s in steps])) for key, label in LARGE_STAGES]
+    return rows
+
+
 def bench_scaling(sizes: list[int], proposal_limit: int) -> list[tuple]:
     rows, previous = [], None
     for size in sizes:
@@ -248,11 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two models, fewer repetitions, sizes up to 10k")
     parser.add_argument("--dynamic", action="store_true", help="only the dynamic-shape table")
     parser.add_argument("--int8", action="store_true", help="only the INT8 table")
+    parser.add_argument("--large", action="store_true", help="only the large-decoder lowering table")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
 
-    names = ["copies", "robot-policy"] if args.quick else list(MODELS)
+    names = ["copies", "robot-policy"] if args.quick else [name for name in MODELS if name != LARGE_MODEL]
     reps, iterations = (3, 20) if args.quick else (7, 100)
     sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
     print(
@@ -260,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         f"OpenVINO {openvino_version()} (CPU computes f32 as {inference_precision('CPU')}); "
         f"torch {torch.__version__}"
     )
+    if args.large:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = bench_large(reps, Path(tmp))
+        print(f"\nLowering {LARGE_MODEL} (Llama-shaped, 16 layers), s (median of {reps}, interleaved)")
+        print(tabulate(rows, headers=("stage", "seconds")))
+        return 0
     if not args.int8:
         print(
             f"\nDynamic shapes: static vs dynamic export, ms per call at the example size "

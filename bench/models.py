@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from openvino_backend.examples import RobotPolicy, _Block
+from tests.dynamic_models import Decoder
 
 
 class ResidualCNN(nn.Module):
@@ -118,6 +119,11 @@ MODELS: dict[str, BenchModel] = {
             "robot-policy",
             _seeded(RobotPolicy),
             lambda g: (torch.randn(2, 8, 24, generator=g), torch.randn(2, 6, generator=g)),
+        ),
+        BenchModel(  # Llama-shaped (hidden 128, 4 heads, 16 layers): the lowering-cost row
+            "decoder-16",
+            _seeded(lambda: Decoder(vocab=1000, width=128, heads=4, layers=16)),
+            lambda g: (torch.randint(0, 1000, (1, 32), generator=g),),
         ),
         BenchModel(
             "copies",

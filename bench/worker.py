@@ -89,6 +89,11 @@ def _instrument_partitioner(totals: dict[str, float]) -> None:
     import openvino_backend.numerics as numerics
     import openvino_backend.partitioner as part
 
+    partitioner = part.OpenvinoPartitioner
+    partitioner.partition = _timed(totals, "partition", partitioner.partition)
+    partitioner.transform_for_pre_decomposition = _timed(
+        totals, "pre_decomposition", partitioner.transform_for_pre_decomposition
+    )
     part.sample_values = _timed(totals, "numerical_check", part.sample_values)
     part.keep_converted_passthroughs_out = _timed(totals, "conversion_check", part.keep_converted_passthroughs_out)
     numerics.NumericalCheck.__call__ = _timed(totals, "numerical_check", numerics.NumericalCheck.__call__)
