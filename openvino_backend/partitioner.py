@@ -33,10 +33,9 @@ from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.numerics import NumericalCheck, sample_values
 from openvino_backend.precision import missing_devices, openvino_core, openvino_version, warn_if_reduced
 from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
-from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport
+from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport, openvino_supported_ops
 
 # Names of the ops kept whole for OpenVINO: not core ATen, so not runnable on the CPU as they are.
-KEPT_WHOLE = frozenset(str(op).replace("::", ".") for op in OPS_TO_NOT_DECOMPOSE)
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +109,7 @@ class OpenvinoPartitioner(Partitioner):
         self._check_numerics = check_numerics
         self._sample_inputs = sample_inputs
         self.numerical_check: NumericalCheck | None = None
+        self._kept_whole: frozenset[str] = frozenset()
         self._real_state: dict[str, torch.Tensor] = {}
         self.reporter = WhyNoPartitionReporter()
         self.report = PartitionReport()
@@ -117,9 +117,21 @@ class OpenvinoPartitioner(Partitioner):
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
-        # Kept whole only where OpenVINO would take it; elsewhere decomposed for the CPU's kernels.
+        # Kept whole only where OpenVINO takes every node of it; otherwise decomposed for the CPU's
+        # kernels. Decided here, per op: given a per-node filter instead, ExecuTorch runs the whole
+        # decomposition once more (a third of lowering time on a large model).
         support = OpenvinoOperatorSupport(self._op_types_to_skip, self._op_names_to_skip)
-        return list(OPS_TO_NOT_DECOMPOSE), lambda node: support.rejection(node) is None
+        kept = []
+        for op in OPS_TO_NOT_DECOMPOSE:
+            name = str(op).replace("::", ".")
+            if name not in openvino_supported_ops() or name in self._op_types_to_skip:
+                continue
+            if any(support.rejection(node) is not None for node in ep.graph.find_nodes(op="call_function", target=op)):
+                continue
+            kept.append(op)
+        # ExecuTorch refuses a program that leaves one of these on the CPU: cpu_kernels says so first.
+        self._kept_whole = frozenset(str(op).replace("::", ".") for op in kept)
+        return kept, None
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         """Fold constant subgraphs (``fold.py``) and route dynamic outputs through ``pad_to_bound``
@@ -139,7 +151,7 @@ class OpenvinoPartitioner(Partitioner):
         partitions, rejected = self.propose(exported_program)
         _ensure_pads_delegated(exported_program, partitions, rejected)
         delegated = {node for p in partitions for node in p.nodes}
-        ensure_cpu_runnable(exported_program.graph_module, delegated, rejected, KEPT_WHOLE)
+        ensure_cpu_runnable(exported_program.graph_module, delegated, rejected, self._kept_whole)
         _ensure_fusable(exported_program.graph_module, partitions)
         self.reporter = WhyNoPartitionReporter()
         for node, reason in rejected.items():

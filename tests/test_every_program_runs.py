@@ -66,6 +66,44 @@ def test_an_op_kept_whole_but_not_delegated_is_decomposed_for_the_cpu() -> None:
     assert "pixel_shuffle" not in " ".join(non_delegated_ops(program))
 
 
+class Upsample(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear") * 2
+
+
+def test_ops_are_kept_whole_per_op_only_where_openvino_takes_every_node() -> None:
+    exported = torch.export.export(Upsample(), (torch.randn(1, 2, 3, 4),))
+    kept, node_filter = OpenvinoPartitioner().ops_to_not_decompose(exported)
+    # No per-node filter: with one, ExecuTorch runs the whole decomposition a second time.
+    assert node_filter is None
+    assert torch.ops.aten.upsample_bilinear2d.vec in kept
+    assert torch.ops.aten.pixel_shuffle.default not in kept  # not in OpenVINO's table
+    skipping = OpenvinoPartitioner(op_types_to_skip={"aten.upsample_bilinear2d.vec"})
+    assert torch.ops.aten.upsample_bilinear2d.vec not in skipping.ops_to_not_decompose(exported)[0]
+    (node,) = exported.graph.find_nodes(op="call_function", target=torch.ops.aten.upsample_bilinear2d.vec)
+    by_name = OpenvinoPartitioner(op_names_to_skip={node.name})
+    assert torch.ops.aten.upsample_bilinear2d.vec not in by_name.ops_to_not_decompose(exported)[0]
+
+
+@pytest.mark.parametrize("skip", ["aten.upsample_bilinear2d.vec", None], ids=["skipped", "delegated"])
+def test_an_op_kept_whole_or_skipped_runs(skip: str | None) -> None:
+    # Skipped, it is decomposed and runs on the CPU's kernels; otherwise OpenVINO takes it whole.
+    partitioner = OpenvinoPartitioner(op_types_to_skip={skip} if skip else ())
+    program = execute_layer_test(
+        Upsample(), (torch.randn(1, 2, 3, 4),), expected_partitions=None, partitioner=partitioner
+    )
+    cpu = " ".join(non_delegated_ops(program))
+    assert ("upsample" in cpu) == (skip is not None), cpu
+
+
+def test_an_op_kept_whole_then_refused_is_a_typed_error() -> None:
+    # The edge node's name is not the exported node's: the op is kept whole, then refused.
+    partitioner = OpenvinoPartitioner(op_names_to_skip={"aten_upsample_bilinear2d_vec"})
+    with pytest.raises(CpuKernelError) as caught:
+        lower(Upsample(), (torch.randn(1, 2, 3, 4),), partitioner=partitioner)
+    assert "was kept whole for OpenVINO" in str(caught.value)
+
+
 def test_a_cpu_op_without_a_kernel_is_refused_at_export() -> None:
     with pytest.raises(CpuKernelError) as caught:
         lower(CeilPool3d(), (torch.randn(1, 2, 5, 5, 5),))
