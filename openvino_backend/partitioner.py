@@ -190,15 +190,21 @@ class OpenvinoPartitioner(Partitioner):
             self.numerical_check = NumericalCheck(program, values, device)
             stages.append((self.numerical_check,))
         excluded = _feeding_only_checks(program.graph)
+        refused: dict[torch.fx.Node, str] = {}  # by the op-support check, over all rounds
+        kept: list[tuple[Partition, PartitionView]] = []  # partitions no rule touched last round
+        candidates: frozenset[torch.fx.Node] | None = None  # what this round may partition (None: all)
         while True:
-            support = OpenvinoOperatorSupport(self._op_types_to_skip, self._op_names_to_skip, excluded)
-            partitions = CapabilityBasedPartitioner(
+            support = OpenvinoOperatorSupport(self._op_types_to_skip, self._op_names_to_skip, excluded, candidates)
+            # torch's proposal is quadratic on long chains: after the first round it runs again only
+            # over the partitions a rule cut, the others are kept as they are.
+            fresh = CapabilityBasedPartitioner(
                 program.graph_module, support, allows_single_node_partition=True
             ).propose_partitions()
-            partitions = [p for p in partitions if _has_compute(p)]
+            refused.update(support.rejected)
+            # One view per partition: the checks that convert share the conversion, across rounds too.
+            proposal = kept + [(p, PartitionView(frozenset(p.nodes), program)) for p in fresh if _has_compute(p)]
+            views = [view for _, view in proposal]
             # The cheap FX rules first; conversion, then running, only once they are satisfied.
-            # One view per partition for the round: the checks that convert share the conversion.
-            views = [PartitionView(frozenset(p.nodes), program) for p in partitions]
             rejected: dict[torch.fx.Node, str] = {}
             for rules in stages:
                 rejected = _apply(rules, views, excluded)
@@ -206,10 +212,13 @@ class OpenvinoPartitioner(Partitioner):
                     break
             if not rejected:
                 hand_over(views)  # preprocess need not convert (or compile) these again
-                return partitions, support.rejected
+                return [partition for partition, _ in proposal], refused
             for node, reason in rejected.items():
                 logger.info("keeping %s (%s) out of OpenVINO: %s", node.name, op_name(node), reason)
             excluded.update(rejected)
+            cut = [(p, v) for p, v in proposal if any(node in rejected for node in v.nodes)]
+            kept = [(p, v) for p, v in proposal if not any(node in rejected for node in v.nodes)]
+            candidates = frozenset(node for _, view in cut for node in view.nodes)
 
 
 def _apply(

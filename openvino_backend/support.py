@@ -99,6 +99,7 @@ class OpenvinoOperatorSupport(OperatorSupportBase):
     with their reasons; they are refused here so the partitioner can propose
     partitions again without them. ``rejected`` collects every refusal of
     this instance, for the partitioner to report once it has settled.
+    ``candidates``, when given, limits a proposal round to those nodes.
     """
 
     def __init__(
@@ -106,15 +107,19 @@ class OpenvinoOperatorSupport(OperatorSupportBase):
         op_types_to_skip: Collection[str] = (),
         op_names_to_skip: Collection[str] = (),
         excluded: Mapping[torch.fx.Node, str] | None = None,
+        candidates: Collection[torch.fx.Node] | None = None,
     ) -> None:
         self.rejected: dict[torch.fx.Node, str] = {}
         self._op_types_to_skip = frozenset(op_types_to_skip)
         self._op_names_to_skip = frozenset(op_names_to_skip)
         self._excluded = excluded or {}
+        self._candidates = candidates
 
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node) -> bool:
         if node.op != "call_function":
             return False
+        if self._candidates is not None and node not in self._candidates:
+            return False  # not proposed this round (kept in, or out, as the last round decided)
         reason = self.rejection(node)
         if reason is None:
             return True
