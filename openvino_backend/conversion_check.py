@@ -10,6 +10,7 @@ op, so the list can learn from them.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from openvino_backend.diagnostics import OpenvinoExportError, op_name
 from openvino_backend.dynamic import is_bound_pad
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.passes import prepare_for_frontend
-from openvino_backend.validate import find_passthroughs, find_type_mismatches
+from openvino_backend.validate import find_passthroughs, find_type_mismatches, output_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class ConvertedPartition:
     outputs: tuple[torch.fx.Node, ...]  # in Result order
     input_orders: tuple[DimOrder | None, ...]
     output_orders: tuple[DimOrder | None, ...]
+    constants: dict[str, torch.Tensor]  # baked in, by the name of the placeholder that lifted each
     # Compiled by the numerical check, by (device, properties): preprocess can export one as it is.
     compiled: dict[tuple[str, str], ov.CompiledModel] = field(default_factory=dict, compare=False, repr=False)
 
@@ -76,32 +78,53 @@ def compile_key(device: str, properties: Mapping[str, str]) -> tuple[str, str]:
     return device, repr(sorted(properties.items()))
 
 
-# The final partitions' conversions, handed from the partitioner's checks to preprocess, keyed by
-# the names of the nodes each partition computes. Preprocess takes one only when the partition it
-# is given has the same inputs and outputs in the same order, by name; otherwise it converts.
-_HANDED_OVER: dict[frozenset[str], ConvertedPartition] = {}
+# The final partitions' conversions, handed from the partitioner's checks to preprocess under a
+# handle the partitioner puts in each partition's compile specs (ExecuTorch partitions every method
+# before it preprocesses any). Preprocess takes one only when the partition it is given computes
+# the same nodes from the same inputs into the same outputs, by name; otherwise it converts.
+_HANDED_OVER: dict[str, tuple[frozenset[str], ConvertedPartition]] = {}
+_HANDLES = itertools.count()
+_KEPT = 64  # handles never taken (an export that failed after partitioning) are dropped past this
 
 
-def hand_over(parts: Iterable[PartitionView]) -> None:
-    """Offer preprocess the conversions the checks made of these (final) partitions."""
-    _HANDED_OVER.clear()
-    for part in parts:
-        result = part.memo.get("converted")
-        if isinstance(result, ConvertedPartition):
-            _HANDED_OVER[_key(part.nodes)] = result
+def hand_over(part: PartitionView) -> str | None:
+    """Offer preprocess the conversion the checks made of this final partition; its handle."""
+    result = part.memo.get("converted")
+    if not isinstance(result, ConvertedPartition):
+        return None
+    handle = str(next(_HANDLES))
+    _HANDED_OVER[handle] = (_key(part.nodes), result)
+    while len(_HANDED_OVER) > _KEPT:
+        _HANDED_OVER.pop(next(iter(_HANDED_OVER)))
+    return handle
 
 
-def take_over(
-    graph_module: torch.fx.GraphModule, input_names: Sequence[str], output_names: Sequence[str]
-) -> ConvertedPartition | None:
-    """The checks' conversion of this partition (once), if its inputs and outputs are the same."""
-    handed = _HANDED_OVER.pop(_key(graph_module.graph.nodes), None)
+def take_over(handle: str | None, program: ExportedProgram) -> ConvertedPartition | None:
+    """The checks' conversion of this partition (once), if it computes the same thing: the same
+    nodes, from the same inputs into the same outputs, with the same constants (by value: the
+    partitioner saw a copy of the program whose weights it restored itself)."""
+    key, handed = _HANDED_OVER.pop(handle, (None, None)) if handle is not None else (None, None)
     if handed is None:
         return None
-    if [n.name for n in handed.inputs] != list(input_names) or [n.name for n in handed.outputs] != list(output_names):
-        logger.debug("the checks converted this partition with other inputs or outputs; converting again")
+    user_inputs = set(program.graph_signature.user_inputs)
+    inputs = [node.name for node in program.graph.find_nodes(op="placeholder") if node.name in user_inputs]
+    outputs = [node.name if isinstance(node, torch.fx.Node) else "" for node in output_nodes(program.graph_module)]
+    constants = {node.name: value for node, value in owned_constants(program, set(program.graph.nodes)).items()}
+    same = (
+        key == _key(program.graph.nodes)
+        and [n.name for n in handed.inputs] == inputs
+        and [n.name for n in handed.outputs] == outputs
+        and constants.keys() == handed.constants.keys()
+        and all(_same_tensor(constants[name], value) for name, value in handed.constants.items())
+    )
+    if not same:
+        logger.debug("the checks converted this partition otherwise (nodes, inputs, outputs or constants)")
         return None
     return handed
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and (a is b or torch.equal(a, b))
 
 
 def _key(nodes: Iterable[torch.fx.Node]) -> frozenset[str]:
@@ -111,11 +134,12 @@ def _key(nodes: Iterable[torch.fx.Node]) -> frozenset[str]:
 def convert_partition(program: ExportedProgram, nodes: Sequence[torch.fx.Node]) -> ConvertedPartition:
     """Raises ``OpenvinoExportError`` (a ``ConversionError``, a ``DimOrderError``) as preprocess would."""
     graph_module, inputs, outputs = partition_graph(program, nodes)
+    constants = {node.name: value for node, value in owned_constants(program, set(nodes)).items()}
     model = convert(graph_module)
     input_orders = tuple(non_default_dim_order(node.meta.get("val")) for node in inputs)
     output_orders = tuple(non_default_dim_order(node.meta.get("val")) for node in outputs)
     adapt_edge_layouts(model, input_orders, output_orders)
-    return ConvertedPartition(model, inputs, outputs, input_orders, output_orders)
+    return ConvertedPartition(model, inputs, outputs, input_orders, output_orders, constants)
 
 
 def converted(part: PartitionView) -> ConvertedPartition:

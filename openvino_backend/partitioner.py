@@ -32,7 +32,7 @@ from openvino_backend.fold import fold_constant_subgraphs
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.numerics import NumericalCheck, sample_values
 from openvino_backend.precision import missing_devices, openvino_core, openvino_version, warn_if_reduced
-from openvino_backend.preprocess import PARTITION_KEY, CompileOptions, OpenvinoBackend
+from openvino_backend.preprocess import HANDOVER_KEY, PARTITION_KEY, CompileOptions, OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport, openvino_supported_ops
 
 # Names of the ops kept whole for OpenVINO: not core ATen, so not runnable on the CPU as they are.
@@ -109,8 +109,10 @@ class OpenvinoPartitioner(Partitioner):
         self._check_numerics = check_numerics
         self._sample_inputs = sample_inputs
         self.numerical_check: NumericalCheck | None = None
+        self._views: list[PartitionView] | None = None  # the last proposal's, one per partition
         self._kept_whole: frozenset[str] = frozenset()
-        self._real_state: dict[str, torch.Tensor] = {}
+        # Each program's real state dict, in the order ExecuTorch transforms (and then partitions) them.
+        self._real_states: list[dict[str, torch.Tensor]] = []
         self.reporter = WhyNoPartitionReporter()
         self.report = PartitionReport()
 
@@ -142,13 +144,14 @@ class OpenvinoPartitioner(Partitioner):
             exported_program = pad_dynamic_outputs(exported_program, bindable=lambda val: unbindable(val) is None)
         # ExecuTorch hands ``partition`` a copy whose state dict holds fake tensors; the checks
         # that convert and run partitions need the real weights.
-        self._real_state.update(exported_program.state_dict)
+        self._real_states.append(dict(exported_program.state_dict))
         return exported_program
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ensure_sole_backend(OpenvinoBackend)
-        _restore_real_state(exported_program, self._real_state)
+        _restore_real_state(exported_program, _take_state(self._real_states, exported_program))
         partitions, rejected = self.propose(exported_program)
+        views, self._views = self._views, None
         _ensure_pads_delegated(exported_program, partitions, rejected)
         delegated = {node for p in partitions for node in p.nodes}
         ensure_cpu_runnable(exported_program.graph_module, delegated, rejected, self._kept_whole)
@@ -169,6 +172,9 @@ class OpenvinoPartitioner(Partitioner):
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag
             spec = [*self.compile_spec, CompileSpec(PARTITION_KEY, str(index).encode())]
+            handle = hand_over(views[index]) if views is not None else None
+            if handle is not None:  # preprocess need not convert (or compile) this partition again
+                spec.append(CompileSpec(HANDOVER_KEY, handle.encode()))
             partition_tags[tag] = DelegationSpec(OpenvinoBackend.__name__, spec)
         tag_constant_data(exported_program)
 
@@ -211,7 +217,7 @@ class OpenvinoPartitioner(Partitioner):
                 if rejected:
                     break
             if not rejected:
-                hand_over(views)  # preprocess need not convert (or compile) these again
+                self._views = views  # their conversions go to preprocess with the partition tags
                 return [partition for partition, _ in proposal], refused
             for node, reason in rejected.items():
                 logger.info("keeping %s (%s) out of OpenVINO: %s", node.name, op_name(node), reason)
@@ -285,6 +291,21 @@ def _ensure_device(device: str) -> None:
         if openvino_core().available_devices
         else "install the OpenVINO plugin for the device, or lower on a machine that has it",
     )
+
+
+def _take_state(states: list[dict[str, torch.Tensor]], program: ExportedProgram) -> dict[str, torch.Tensor]:
+    """The first state (in transform order) whose tensors fit ``program``'s fake ones; removed.
+
+    ExecuTorch transforms every method, then partitions them in the same order; methods can share
+    parameter names (two models of one architecture), so names alone do not tell their weights apart.
+    """
+    fakes = {k: v for k, v in program.state_dict.items() if isinstance(v, FakeTensor)}
+    for index, state in enumerate(states):
+        # (Constants ExecuTorch lifts during to_edge are in no state dict; _restore_real_state
+        # reads them from their fakes.)
+        if all(state[k].shape == v.shape and state[k].dtype == v.dtype for k, v in fakes.items() if k in state):
+            return states.pop(index)
+    return {}
 
 
 def _restore_real_state(program: ExportedProgram, real: dict[str, torch.Tensor]) -> None:

@@ -7,8 +7,9 @@ The pipeline, one named step each::
 
 The partitioner's checks have already converted (and the numerical check
 compiled) each final partition the same way; preprocess takes that work over
-when the partition it is given has the same nodes, inputs and outputs, by
-name (``conversion_check.take_over``), and skips those steps. The checks run
+under the handle the partitioner put in its compile specs, when the
+partition it is given has the same nodes, inputs, outputs and constants
+(``conversion_check.take_over``), and skips those steps. The checks run
 on it all the same.
 
 The class name must be exactly ``OpenvinoBackend``: the stock ExecuTorch
@@ -48,6 +49,8 @@ logger = logging.getLogger(__name__)
 # Compile-spec key the partitioner adds so errors can name the partition. The
 # runtime reads only "device" and ignores other keys.
 PARTITION_KEY = "openvino_backend.partition"
+# And the handle under which the partitioner's checks left their conversion of the partition.
+HANDOVER_KEY = "openvino_backend.handover"
 DEVICE_KEY = "device"
 
 
@@ -55,6 +58,7 @@ DEVICE_KEY = "device"
 class CompileOptions:
     device: str = "CPU"
     partition: int | None = None
+    handover: str | None = None
     properties: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -64,6 +68,7 @@ class CompileOptions:
         return cls(
             device=values.pop(DEVICE_KEY, "CPU"),
             partition=int(partition) if partition is not None else None,
+            handover=values.pop(HANDOVER_KEY, None),
             properties=values,
         )
 
@@ -75,7 +80,7 @@ class OpenvinoBackend(BackendDetails):
         ensure_sole_backend(cls)
         options = CompileOptions.from_specs(compile_specs)
         input_orders, output_orders = edge_dim_orders(edge_program)
-        handed = take_over(edge_program.graph_module, *edge_names(edge_program))
+        handed = take_over(options.handover, edge_program)
         graph_module = run_passes(edge_program).module()
         validate_edge_tensors(graph_module, partition=options.partition)
         if handed is not None:  # converted (and adapted) exactly so by the partitioner's checks
@@ -107,14 +112,6 @@ def run_passes(program: ExportedProgram) -> ExportedProgram:
     """Rewrite dim-order ops to aten and fix floor division, for the frontend."""
     program._graph_module = prepare_for_frontend(program.graph_module)
     return program
-
-
-def edge_names(program: ExportedProgram) -> tuple[list[str], list[str]]:
-    """Names of the partition's run-time inputs and of the nodes making its outputs, in order."""
-    user_inputs = set(program.graph_signature.user_inputs)
-    inputs = [node.name for node in program.graph.find_nodes(op="placeholder") if node.name in user_inputs]
-    outputs = [node.name if isinstance(node, torch.fx.Node) else "" for node in output_nodes(program.graph_module)]
-    return inputs, outputs
 
 
 def edge_dim_orders(program: ExportedProgram) -> tuple[list[DimOrder | None], list[DimOrder | None]]:

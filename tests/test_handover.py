@@ -6,12 +6,14 @@ from collections import Counter
 
 import pytest
 import torch
+from executorch.exir import to_edge_transform_and_lower
 
 import openvino_backend.conversion_check as conversion_check
 import openvino_backend.numerics as numerics
+import openvino_backend.partitioner as partitioner_module
 import openvino_backend.preprocess as preprocess
 from openvino_backend import OpenvinoPartitioner, PassthroughOutputError
-from openvino_backend.verify import delegate_ids
+from openvino_backend.verify import delegate_ids, runtime
 from tests.harness import execute_layer_test
 from tests.test_validate import CopyThenSin
 
@@ -76,3 +78,42 @@ def test_a_handed_over_conversion_is_still_checked(monkeypatch: pytest.MonkeyPat
     with pytest.raises(PassthroughOutputError):
         execute_layer_test(CopyThenSin(), (torch.randn(3, 4),), partitioner=partitioner)
     assert handed and all(result is not None for result in handed), "preprocess converted on its own"
+
+
+class Affine(torch.nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x))
+
+
+@pytest.mark.parametrize("states", ["own", "swapped"])
+def test_methods_with_the_same_graph_keep_their_own_weights(monkeypatch: pytest.MonkeyPatch, states: str) -> None:
+    # ExecuTorch partitions every method before it preprocesses any; these two have the same node
+    # names, inputs and outputs, and only their weights differ. "swapped": the partitioner's checks
+    # see the other method's weights, and preprocess must not take their conversion.
+    if states == "swapped":
+        monkeypatch.setattr(partitioner_module, "_take_state", lambda states, program: states.pop())
+    handed: list[object] = []
+    original = conversion_check.take_over
+
+    def spy(*args, **kwargs):
+        handed.append(original(*args, **kwargs))
+        return handed[-1]
+
+    monkeypatch.setattr(preprocess, "take_over", spy)
+    modules = {"first": Affine(0).eval(), "second": Affine(1).eval()}
+    x = torch.randn(2, 8)
+    exported = {name: torch.export.export(module, (x,)) for name, module in modules.items()}
+    buffer = to_edge_transform_and_lower(exported, partitioner=[OpenvinoPartitioner()]).to_executorch().buffer
+    program = runtime().load_program(buffer)  # must outlive its methods
+    for name, module in modules.items():
+        (got,) = program.load_method(name).execute([x])
+        with torch.no_grad():
+            want = module(x)
+        torch.testing.assert_close(got, want, atol=0.03, rtol=0.02, msg=f"method {name}")
+    taken = [result is not None for result in handed]
+    assert taken == ([True, True] if states == "own" else [False, False]), taken
