@@ -26,7 +26,7 @@ from openvino_backend.diagnostics import OpenvinoExportError, op_name
 from openvino_backend.dynamic import is_bound_pad
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.passes import prepare_for_frontend
-from openvino_backend.validate import find_passthroughs, find_type_mismatches, output_nodes
+from openvino_backend.validate import find_passthroughs, find_type_mismatches, output_nodes, user_input_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,7 @@ def take_over(handle: str | None, program: ExportedProgram) -> ConvertedPartitio
     key, handed = _HANDED_OVER.pop(handle, (None, None)) if handle is not None else (None, None)
     if handed is None:
         return None
-    user_inputs = set(program.graph_signature.user_inputs)
-    inputs = [node.name for node in program.graph.find_nodes(op="placeholder") if node.name in user_inputs]
+    inputs = [node.name for node in user_input_nodes(program)]
     outputs = [node.name if isinstance(node, torch.fx.Node) else "" for node in output_nodes(program.graph_module)]
     constants = {node.name: value for node, value in owned_constants(program, set(program.graph.nodes)).items()}
     same = (

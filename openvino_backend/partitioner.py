@@ -35,8 +35,6 @@ from openvino_backend.precision import missing_devices, openvino_core, openvino_
 from openvino_backend.preprocess import HANDOVER_KEY, PARTITION_KEY, CompileOptions, OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport, openvino_supported_ops
 
-# Names of the ops kept whole for OpenVINO: not core ATen, so not runnable on the CPU as they are.
-
 logger = logging.getLogger(__name__)
 
 
@@ -123,16 +121,16 @@ class OpenvinoPartitioner(Partitioner):
         # kernels. Decided here, per op: given a per-node filter instead, ExecuTorch runs the whole
         # decomposition once more (a third of lowering time on a large model).
         support = OpenvinoOperatorSupport(self._op_types_to_skip, self._op_names_to_skip)
-        kept = []
-        for op in OPS_TO_NOT_DECOMPOSE:
-            name = str(op).replace("::", ".")
-            if name not in openvino_supported_ops() or name in self._op_types_to_skip:
-                continue
-            if any(support.rejection(node) is not None for node in ep.graph.find_nodes(op="call_function", target=op)):
-                continue
-            kept.append(op)
+        names = {op: str(op).replace("::", ".") for op in OPS_TO_NOT_DECOMPOSE}
+        kept = [
+            op
+            for op, name in names.items()
+            if name in openvino_supported_ops()
+            and name not in self._op_types_to_skip
+            and all(support.rejection(n) is None for n in ep.graph.find_nodes(op="call_function", target=op))
+        ]
         # ExecuTorch refuses a program that leaves one of these on the CPU: cpu_kernels says so first.
-        self._kept_whole = frozenset(str(op).replace("::", ".") for op in kept)
+        self._kept_whole = frozenset(names[op] for op in kept)
         return kept, None
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
@@ -222,9 +220,9 @@ class OpenvinoPartitioner(Partitioner):
             for node, reason in rejected.items():
                 logger.info("keeping %s (%s) out of OpenVINO: %s", node.name, op_name(node), reason)
             excluded.update(rejected)
-            cut = [(p, v) for p, v in proposal if any(node in rejected for node in v.nodes)]
-            kept = [(p, v) for p, v in proposal if not any(node in rejected for node in v.nodes)]
-            candidates = frozenset(node for _, view in cut for node in view.nodes)
+            cut = {v for _, v in proposal if not rejected.keys().isdisjoint(v.nodes)}
+            kept = [(p, v) for p, v in proposal if v not in cut]
+            candidates = frozenset(node for view in cut for node in view.nodes)
 
 
 def _apply(

@@ -38,6 +38,7 @@ from openvino_backend.passes import prepare_for_frontend
 from openvino_backend.precision import openvino_core
 from openvino_backend.validate import (
     output_nodes,
+    user_input_nodes,
     validate_compiled,
     validate_edge_tensors,
     validate_model,
@@ -121,12 +122,7 @@ def edge_dim_orders(program: ExportedProgram) -> tuple[list[DimOrder | None], li
     the runtime's tensors) are made from. Lifted constants are not runtime
     inputs; they are skipped, as ``program.module()`` turns them into attributes.
     """
-    user_inputs = set(program.graph_signature.user_inputs)
-    inputs = [
-        non_default_dim_order(node.meta.get("val"))
-        for node in program.graph.find_nodes(op="placeholder")
-        if node.name in user_inputs
-    ]
+    inputs = [non_default_dim_order(node.meta.get("val")) for node in user_input_nodes(program)]
     return inputs, [
         non_default_dim_order(node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
         for node in output_nodes(program.graph_module)

@@ -73,6 +73,12 @@ class TypeMismatch:
     expected: torch.dtype
 
 
+def user_input_nodes(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    """The placeholders the runtime binds, in order (lifted weights and constants are not among them)."""
+    user_inputs = set(program.graph_signature.user_inputs)
+    return [node for node in program.graph.find_nodes(op="placeholder") if node.name in user_inputs]
+
+
 def output_nodes(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
     outputs = graph_module.graph.output_node().args[0]
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
