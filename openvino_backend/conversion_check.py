@@ -70,6 +70,8 @@ class ConvertedPartition:
     input_orders: tuple[DimOrder | None, ...]
     output_orders: tuple[DimOrder | None, ...]
     constants: dict[str, torch.Tensor]  # baked in, by the name of the placeholder that lifted each
+    # The graph that was converted (passes run, bound pads taken out): names nodes in preprocess's errors.
+    graph_module: torch.fx.GraphModule = field(compare=False, repr=False)
     # Compiled by the numerical check, by (device, properties): preprocess can export one as it is.
     compiled: dict[tuple[str, str], ov.CompiledModel] = field(default_factory=dict, compare=False, repr=False)
 
@@ -138,7 +140,7 @@ def convert_partition(program: ExportedProgram, nodes: Sequence[torch.fx.Node]) 
     input_orders = tuple(non_default_dim_order(node.meta.get("val")) for node in inputs)
     output_orders = tuple(non_default_dim_order(node.meta.get("val")) for node in outputs)
     adapt_edge_layouts(model, input_orders, output_orders)
-    return ConvertedPartition(model, inputs, outputs, input_orders, output_orders, constants)
+    return ConvertedPartition(model, inputs, outputs, input_orders, output_orders, constants, graph_module)
 
 
 def converted(part: PartitionView) -> ConvertedPartition:

@@ -30,7 +30,7 @@ from torch.export import ExportedProgram
 
 from openvino_backend.boundary import non_default_dim_order
 from openvino_backend.conversion_check import compile_key, take_over
-from openvino_backend.convert import conversion_error, convert, take_bound_pads
+from openvino_backend.convert import conversion_error, convert
 from openvino_backend.diagnostics import NodeRef
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import ensure_sole_backend
@@ -81,13 +81,13 @@ class OpenvinoBackend(BackendDetails):
         ensure_sole_backend(cls)
         options = CompileOptions.from_specs(compile_specs)
         input_orders, output_orders = edge_dim_orders(edge_program)
+        # On the program ExecuTorch gives, before any pass: this check trusts no earlier step.
+        validate_edge_tensors(edge_program, partition=options.partition)
         handed = take_over(options.handover, edge_program)
-        graph_module = run_passes(edge_program).module()
-        validate_edge_tensors(graph_module, partition=options.partition)
         if handed is not None:  # converted (and adapted) exactly so by the partitioner's checks
-            take_bound_pads(graph_module)
-            model = handed.model
+            graph_module, model = handed.graph_module, handed.model
         else:
+            graph_module = run_passes(edge_program).module()
             model = convert(graph_module, partition=options.partition)
         validate_output_types(model, graph_module, partition=options.partition)
         if handed is None and any(order is not None for order in (*input_orders, *output_orders)):

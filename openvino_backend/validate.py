@@ -208,7 +208,9 @@ def _path_to_input(node: torch.fx.Node) -> list[torch.fx.Node]:
     return path[::-1]
 
 
-def validate_edge_tensors(graph_module: torch.fx.GraphModule, *, partition: int | None = None) -> None:
+def validate_edge_tensors(
+    partition_graph: torch.export.ExportedProgram | torch.fx.GraphModule, *, partition: int | None = None
+) -> None:
     """Raise ``EdgeTensorError`` for every partition input or output the runtime cannot bind correctly.
 
     The partitioner's ``keep_unbindable_tensors_out`` rule keeps such tensors
@@ -216,9 +218,14 @@ def validate_edge_tensors(graph_module: torch.fx.GraphModule, *, partition: int 
     outputs at the sizes ExecuTorch planned (the upper bound of a dynamic dim)
     and never resizes them, cannot bind a 0-d or empty tensor, and maps only some
     dtypes: any of these would fail at run time, or return the wrong shape.
+    Given a program, its user inputs are the partition inputs (lifted weights are not bound).
     """
+    if isinstance(partition_graph, torch.export.ExportedProgram):
+        inputs, graph_module = user_input_nodes(partition_graph), partition_graph.graph_module
+    else:
+        inputs, graph_module = partition_graph.graph.find_nodes(op="placeholder"), partition_graph
     findings = []
-    for index, node in enumerate(graph_module.graph.find_nodes(op="placeholder")):
+    for index, node in enumerate(inputs):
         readers = list(node.users)
         if (why := first_problem(tensors_read(node, readers), unbindable)) is not None:
             findings.append(Finding(f"input {index} `{node.name}` crosses the edge {why}", _refs(readers)))

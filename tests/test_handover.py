@@ -15,7 +15,7 @@ import openvino_backend.preprocess as preprocess
 from openvino_backend import OpenvinoPartitioner, PassthroughOutputError
 from openvino_backend.verify import delegate_ids, runtime
 from tests.harness import execute_layer_test
-from tests.test_validate import CopyThenSin
+from tests.test_validate import CopyThenSin, _line_of
 
 
 class TwoPartitions(torch.nn.Module):
@@ -75,9 +75,11 @@ def test_a_handed_over_conversion_is_still_checked(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(preprocess, "take_over", spy)
     partitioner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False)
-    with pytest.raises(PassthroughOutputError):
+    with pytest.raises(PassthroughOutputError) as caught:
         execute_layer_test(CopyThenSin(), (torch.randn(3, 4),), partitioner=partitioner)
     assert handed and all(result is not None for result in handed), "preprocess converted on its own"
+    # Named from the graph the checks converted: the node and the user's line.
+    assert "clone" in str(caught.value) and f"test_validate.py:{_line_of('x.clone()')}" in str(caught.value)
 
 
 class Affine(torch.nn.Module):
