@@ -21,7 +21,6 @@ import traceback
 from dataclasses import dataclass
 
 import numpy as np
-import openvino as ov
 import torch
 from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
@@ -30,13 +29,13 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 from fuzz.graphs import GraphSpec
 from openvino_backend import OpenvinoExportError, OpenvinoPartitioner
 from openvino_backend.convert import convert
+from openvino_backend.numerics import run_like_runtime
 from openvino_backend.precision import Tolerance, openvino_core
 from openvino_backend.preprocess import run_passes
 from openvino_backend.validate import find_passthroughs, find_type_mismatches, output_nodes
 from openvino_backend.verify import check_run, declared_formats, lower_exported, resample
 
 NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)
-SENTINEL = 1234.5
 
 
 @dataclass(frozen=True)
@@ -205,31 +204,16 @@ def probe_partition(edge_program) -> _PartitionProbe:
         expected = graph_module(*[torch.from_numpy(a.copy()) for a in arrays])
     expected = [e for e in (expected if isinstance(expected, (list, tuple)) else [expected])]
 
-    request = compiled.create_infer_request()
-    given = [a.copy() for a in arrays]
-    for index, array in enumerate(given):  # ExecuTorch's order: inputs first...
-        request.set_input_tensor(index, ov.Tensor(array, shared_memory=True))
-    outputs = []
-    for index, want in enumerate(expected):  # ...then outputs, holding stale contents
-        buffer = np.full(tuple(want.shape), SENTINEL).astype(_np_dtype(want.dtype))
-        outputs.append(buffer)
-        request.set_output_tensor(index, ov.Tensor(buffer, shared_memory=True))
-    request.infer()
-
-    stale = any(not np.array_equal(a, b) for a, b in zip(given, arrays, strict=True))
+    outputs, stale = run_like_runtime(compiled, [torch.from_numpy(a) for a in arrays], expected)
     for got, want in zip(outputs, expected, strict=True):
         tolerance = Tolerance.for_output(want.dtype, terms=max(1, want.numel()), scale=max(1.0, _scale(want)))
-        stale |= not tolerance.check(torch.from_numpy(got), want.contiguous())
+        stale |= not tolerance.check(got, want.contiguous())
     return _PartitionProbe(flagged, stale)
 
 
 def _dtype(node: object) -> torch.dtype | None:
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return val.dtype if isinstance(val, torch.Tensor) else None
-
-
-def _np_dtype(dtype: torch.dtype) -> str:
-    return "bool" if dtype == torch.bool else str(dtype).removeprefix("torch.")
 
 
 def _scale(tensor: torch.Tensor) -> float:
