@@ -85,3 +85,61 @@ def test_symbolic_view_sizes_reach_openvino_as_constants() -> None:
     symbolic = [view for view in views if not all(isinstance(d, int) for d in view.args[1])]
     assert not symbolic, [(view.name, view.args[1]) for view in symbolic]
     _assert_right_at(module, program.buffer, [[torch.randn(n, 8, 24)] for n in (1, 2, 8)])
+
+
+class MaskedAttention(torch.nn.Module):
+    """Attention with a mask given by the caller: float (additive), bool, or causal."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+        self.project = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.project(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
+        if self.mask == "causal":
+            attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) + mask.sum()
+        else:
+            attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(attended.transpose(1, 2).reshape(x.shape))
+
+
+def _attention_inputs(mask: str, batch: int) -> list[torch.Tensor]:
+    x = torch.randn(batch, 5, 16)
+    if mask == "bool":
+        allowed = torch.rand(5, 5) < 0.7
+        allowed[2] = False  # a row with nothing to attend to: PyTorch gives 0 there
+        return [x, allowed]
+    additive = torch.randn(5, 5)
+    if mask == "causal":  # only added, summed, to the output
+        return [x, additive]
+    additive[2] = -torch.inf
+    additive[3, :2] = -torch.inf
+    return [x, additive]
+
+
+@pytest.mark.parametrize("mask", ["float", "bool", "causal"])
+def test_dynamic_attention_reaches_openvino_as_one_op_and_keeps_fully_masked_rows(mask: str) -> None:
+    module = MaskedAttention(mask).eval()
+    example = _attention_inputs(mask, 2)
+    exported = torch.export.export(module, tuple(example), dynamic_shapes=({0: BATCH}, None))
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+
+    graph = _frontend_graph(program)
+    assert len(graph.find_nodes(op="call_function", target=_EDGE.scaled_dot_product_attention.default)) == 1
+    assert not graph.find_nodes(op="call_function", target=_EDGE._softmax.default)
+    if mask != "causal":
+        with torch.no_grad():
+            # A row with nothing to attend to gives the output projection's bias alone.
+            assert torch.equal(module(*example)[:, 2], module.out.bias.expand(2, 16))
+    _assert_right_at(module, program.buffer, [_attention_inputs(mask, n) for n in (1, 2, 8)])
+
+
+def test_static_attention_is_left_to_openvino_s_own_fusion() -> None:
+    module = MaskedAttention("float").eval()
+    exported = torch.export.export(module, tuple(_attention_inputs("float", 2)))
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    graph = _frontend_graph(program)
+    assert not graph.find_nodes(op="call_function", target=_EDGE.scaled_dot_product_attention.default)
+    _assert_right_at(module, program.buffer, [_attention_inputs("float", 2)])
