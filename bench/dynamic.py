@@ -24,6 +24,14 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], torch.Ten
     "cnn (batch)": (SmallCNN, lambda n: torch.randn(n, 3, 32, 32), 0, Dim("batch", min=1, max=8), 2),
     "encoder (batch)": (Policy, lambda n: torch.randn(n, 8, 24), 0, Dim("batch", min=1, max=8), 2),
     "decoder (sequence)": (Decoder, lambda n: torch.randint(0, 100, (1, n)), 1, Dim("seq", min=2, max=32), 16),
+    # The same decoder at a working size: the per-call cost of dynamic shapes does not grow with it.
+    "decoder 256x4 (sequence)": (
+        lambda: Decoder(vocab=1000, width=256, layers=4),
+        lambda n: torch.randint(0, 1000, (1, n)),
+        1,
+        Dim("seq", min=2, max=256),
+        64,
+    ),
 }
 
 
