@@ -175,9 +175,12 @@ class RecomposeMatmulPass(ExportPass):
     broadcast batch, reshapes to 3-d, ``bmm`` and a reshape back. OpenVINO's
     MatMul broadcasts batch dims itself; given the decomposed form it runs
     five ops instead of one, and its attention fusions do not see the MatMul
-    -> Softmax -> MatMul chain. The rewrite applies only where the result's
-    shape is exactly ``matmul``'s (the batch dims broadcast, the matrix dims
-    untouched by the expands).
+    -> Softmax -> MatMul chain. A weight expanded to a batch (``linear`` of a
+    3-d view with a dynamic dim) stays a matrix, which OpenVINO runs as one
+    fully connected layer instead of a copy of the weight per batch element.
+    The rewrite applies only where the result's shape is exactly
+    ``matmul``'s (the batch dims broadcast, the matrix dims untouched by the
+    expands).
     """
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
@@ -191,8 +194,8 @@ class RecomposeMatmulPass(ExportPass):
                 continue
             out_batch = out.meta["val"].shape[:-2]
             sources = [_batched_source(operand, out_batch) for operand in bmm.args[:2]]
-            if any(source is None for source in sources):
-                continue
+            if any(source is None for source in sources) or all(s.meta["val"].dim() < 3 for s in sources):
+                continue  # two matrices: the bmm's own batch is the only one
             a, b = (source.meta["val"] for source in sources)
             try:
                 batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -374,7 +377,7 @@ def _batched_source(operand: torch.fx.Node, batch: tuple) -> torch.fx.Node | Non
         ):
             source = expanded
     shape = source.meta["val"].shape
-    if len(shape) < 3 or not _same_shape(shape[-2:], operand.meta["val"].shape[-2:]):
+    if len(shape) < 2 or not _same_shape(shape[-2:], operand.meta["val"].shape[-2:]):
         return None
     return source
 

@@ -58,6 +58,30 @@ def test_batched_matmul_reaches_openvino_as_one_matmul(dynamic: bool) -> None:
     _assert_right_at(module, program.buffer, [[torch.randn(n, 1, 3, 4)] for n in sizes])
 
 
+class LinearOverSequenceFirst(torch.nn.Module):
+    """``linear`` of a (sequence, batch, features) view, as ``nn.MultiheadAttention`` does: with a
+    dynamic batch PyTorch decomposes it into the weight expanded to the sequence and a ``bmm``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.transpose(0, 1)).transpose(0, 1).contiguous()
+
+
+def test_a_weight_expanded_for_a_bmm_reaches_openvino_as_it_is() -> None:
+    module = LinearOverSequenceFirst().eval()
+    exported = torch.export.export(module, (torch.randn(2, 5, 16),), dynamic_shapes=({0: BATCH},))
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+
+    graph = _frontend_graph(program)
+    assert not graph.find_nodes(op="call_function", target=_EDGE.expand_copy.default)
+    (matmul,) = graph.find_nodes(op="call_function", target=_EDGE.bmm.default)
+    assert [a.meta["val"].dim() for a in matmul.args] == [3, 2]  # not a copy of the weight per position
+    _assert_right_at(module, program.buffer, [[torch.randn(n, 5, 16)] for n in (1, 2, 8)])
+
+
 class RegroupedBmm(torch.nn.Module):
     """A bmm whose result is viewed with its batch regrouped: not a matmul of the unflattened inputs."""
 
