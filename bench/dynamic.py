@@ -2,8 +2,10 @@
 
 For each model: the share of ops OpenVINO takes (dynamic against static), and
 latency at the example size, static vs dynamic program, interleaved; the
-dynamic program also at the upper end of its range. Every timing has its max
-abs error against eager beside it.
+dynamic program also at the upper end of its range. Beside it, the same
+ratio for OpenVINO alone (its own conversion of the exported program, inputs
+bound once): the floor its CPU plugin's dynamic shapes set. Every timing has
+its max abs error against eager beside it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import openvino as ov
 import torch
 from torch.export import Dim
 
@@ -57,32 +60,48 @@ def _error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
     return max((a.double() - e.double()).abs().max().item() for a, e in zip(actual, expected, strict=True))
 
 
+class _PlainOpenvino:
+    """OpenVINO's own conversion of the exported program (``openvino.convert_model``), inputs bound
+    once: what OpenVINO alone does with the same model, static or dynamic."""
+
+    def __init__(self, exported: torch.export.ExportedProgram, x: torch.Tensor) -> None:
+        self.request = ov.Core().compile_model(ov.convert_model(exported), "CPU").create_infer_request()
+        self.request.set_input_tensor(0, ov.Tensor(x.numpy()))
+
+    def __call__(self, inputs: list[torch.Tensor]) -> None:
+        self.request.infer()
+
+
 def bench_dynamic(reps: int, iterations: int) -> list[tuple]:
     rows = []
     for name, (build, make, dim, bound, example) in MODELS.items():
         torch.manual_seed(0)
         module = build().eval()
         x = make(example)
-        programs, shares = {}, {}
+        programs, shares, plain = {}, {}, {}
         for kind, shapes in (("static", None), ("dynamic", ({dim: bound},))):
             partitioner = OpenvinoPartitioner()
             exported = torch.export.export(module, (x,), dynamic_shapes=shapes)
+            plain[kind] = _PlainOpenvino(exported, x)
             programs[kind] = _Method(lower_exported(exported, partitioner=partitioner).buffer)
             shares[kind] = partitioner.report.delegated_nodes
         with torch.no_grad():
             expected = flatten_outputs(module(x))
             high = make(bound.max)
             expected_high = flatten_outputs(module(high))
-        times: dict[str, list[float]] = {"static": [], "dynamic": [], "high": []}
+        times: dict[str, list[float]] = {key: [] for key in ("static", "dynamic", "high", "plain", "plain-dynamic")}
         runs = {
             "static": (programs["static"], x),
             "dynamic": (programs["dynamic"], x),
             "high": (programs["dynamic"], high),
+            "plain": (plain["static"], x),
+            "plain-dynamic": (plain["dynamic"], x),
         }
         for _ in range(reps):  # interleaved: S D H S D H ...
             for key, (method, given) in runs.items():
                 times[key].append(_ms(method, [given], iterations))
         ratio = statistics.median(d / s for d, s in zip(times["dynamic"], times["static"], strict=True))
+        plain_ratio = statistics.median(d / s for d, s in zip(times["plain-dynamic"], times["plain"], strict=True))
         rows.append(
             (
                 name,
@@ -90,6 +109,7 @@ def bench_dynamic(reps: int, iterations: int) -> list[tuple]:
                 f"{statistics.median(times['static']):.3f} (err {_error(programs['static']([x]), expected):.2g})",
                 f"{statistics.median(times['dynamic']):.3f} (err {_error(programs['dynamic']([x]), expected):.2g})",
                 f"{ratio:.2f}",
+                f"{plain_ratio:.2f}",
                 f"{bound.max}: {statistics.median(times['high']):.3f} "
                 f"(err {_error(programs['dynamic']([high]), expected_high):.2g})",
             )
@@ -103,5 +123,6 @@ HEADERS = (
     "static ms",
     "dynamic ms",
     "dynamic/static",
+    "OpenVINO alone: dynamic/static",
     "dynamic at upper end: ms",
 )
