@@ -65,7 +65,7 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
         # The decoder must outlive frontend.convert: passed as a temporary it can
         # be collected mid-conversion ("pure virtual function ... decoder_type_name").
         decoder = TorchFXPythonDecoder(graph_module)
-        model = frontend.convert(frontend.load(decoder))
+        model = _with_every_input(frontend.convert(frontend.load(decoder)), graph_module)
         for parameter, (element_type, shape) in zip(model.get_parameters(), input_signature(graph_module), strict=True):
             parameter.set_element_type(element_type)
             if shape is None:
@@ -79,6 +79,24 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
             "OpenVINO's PyTorch frontend could not convert", graph_module, partition, error
         ) from error
     return model
+
+
+def _with_every_input(model: ov.Model, graph_module: torch.fx.GraphModule) -> ov.Model:
+    """``model`` with a Parameter for every placeholder, in order.
+
+    The frontend drops a placeholder nothing reads, but the runtime binds the
+    delegate's inputs by position: without it, every later input would be
+    bound to the wrong Parameter.
+    """
+    names = [node.name for node in graph_module.graph.find_nodes(op="placeholder")]
+    parameters = {parameter.get_friendly_name(): parameter for parameter in model.get_parameters()}
+    if [p.get_friendly_name() for p in model.get_parameters()] == names:
+        return model
+    missing = [name for name in names if name not in parameters]
+    logger.debug("inputs the frontend dropped (nothing reads them): %s", ", ".join(missing))
+    for name in missing:
+        parameters[name] = opset.parameter([1], ov.Type.i64, name=name)  # typed by the caller
+    return ov.Model(model.get_results(), [parameters[name] for name in names], model.get_friendly_name())
 
 
 def take_bound_pads(graph_module: torch.fx.GraphModule) -> dict[int, list[int]]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from openvino_backend import OpenvinoPartitioner
+from openvino_backend.convert import convert
+from openvino_backend.precision import openvino_core
 from openvino_backend.verify import check_run, lower_exported
 from tests.harness import execute_layer_test, non_delegated_ops
 
@@ -117,3 +120,22 @@ def test_dynamic_output_openvino_types_differently_keeps_its_op_out_not_the_pad(
     for size in (2, 3, 6):
         x = torch.randint(-5, 6, (size, 4), dtype=torch.int8)
         assert check_run(NegatedInt8Sum(), program.buffer, (x,)).ok
+
+
+def test_an_input_nothing_reads_keeps_its_position() -> None:
+    # Found running ExecuTorch's operator suite (circular padding, for some hash seeds): a
+    # partition input nothing in the partition reads. OpenVINO's frontend drops it, and the
+    # runtime, which binds inputs by position, would bind every later input to the wrong one.
+    graph = torch.fx.Graph()
+    unused, used = graph.placeholder("unused"), graph.placeholder("used")
+    graph.output((graph.call_function(torch.ops.aten.sin.default, (used,)),))
+    graph_module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    unused.meta["val"], used.meta["val"] = torch.zeros(2, 2, dtype=torch.int64), torch.zeros(3, 4)
+
+    model = convert(graph_module)
+    assert [p.get_friendly_name() for p in model.get_parameters()] == ["unused", "used"]
+    assert model.get_parameters()[0].get_element_type().get_type_name() == "i64"
+    x = torch.randn(3, 4)
+    request = openvino_core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
+    request.infer([np.zeros((2, 2), dtype=np.int64), x.numpy()])
+    torch.testing.assert_close(torch.from_numpy(request.get_output_tensor(0).data.copy()), x.sin())
