@@ -86,17 +86,21 @@ def _with_every_input(model: ov.Model, graph_module: torch.fx.GraphModule) -> ov
 
     The frontend drops a placeholder nothing reads, but the runtime binds the
     delegate's inputs by position: without it, every later input would be
-    bound to the wrong Parameter.
+    bound to the wrong Parameter. (Parameters are not always named after
+    their placeholders, so the dropped ones are found as the unread ones.)
     """
-    names = [node.name for node in graph_module.graph.find_nodes(op="placeholder")]
-    parameters = {parameter.get_friendly_name(): parameter for parameter in model.get_parameters()}
-    if [p.get_friendly_name() for p in model.get_parameters()] == names:
-        return model
-    missing = [name for name in names if name not in parameters]
-    logger.debug("inputs the frontend dropped (nothing reads them): %s", ", ".join(missing))
-    for name in missing:
-        parameters[name] = opset.parameter([1], ov.Type.i64, name=name)  # typed by the caller
-    return ov.Model(model.get_results(), [parameters[name] for name in names], model.get_friendly_name())
+    placeholders = graph_module.graph.find_nodes(op="placeholder")
+    converted = list(model.get_parameters())
+    unread = [node for node in placeholders if not node.users]
+    if len(converted) == len(placeholders) or len(converted) + len(unread) != len(placeholders):
+        return model  # nothing dropped; or not as expected, and the caller's strict zip says so
+    logger.debug("inputs the frontend dropped (nothing reads them): %s", ", ".join(n.name for n in unread))
+    kept = iter(converted)
+    parameters = [
+        opset.parameter([1], ov.Type.i64, name=node.name) if not node.users else next(kept)  # typed by the caller
+        for node in placeholders
+    ]
+    return ov.Model(model.get_results(), parameters, model.get_friendly_name())
 
 
 def take_bound_pads(graph_module: torch.fx.GraphModule) -> dict[int, list[int]]:
