@@ -22,6 +22,14 @@ def _retraced(export_pass: ExportPass, graph_module: torch.fx.GraphModule, modif
     return PassResult(ExportPass.call(export_pass, graph_module).graph_module, True)
 
 
+def _rewritten(graph_module: torch.fx.GraphModule, modified: bool) -> PassResult:
+    """The result of a pass that rewrote ``graph_module`` in place: what it left unread removed."""
+    if modified:
+        graph_module.graph.eliminate_dead_code()
+        graph_module.recompile()
+    return PassResult(graph_module, modified)
+
+
 class RevertDimOrderOpsPass(ExportPass):
     """Dim-order ops back to their memory-format forms, which the frontend translates.
 
@@ -162,10 +170,7 @@ class ConstantShapeArgumentsPass(ExportPass):
             if kept:
                 node.args = (node.args[0], size, *node.args[2:])
                 modified = True
-        if modified:
-            graph_module.graph.eliminate_dead_code()
-            graph_module.recompile()
-        return PassResult(graph_module, modified)
+        return _rewritten(graph_module, modified)
 
 
 class RecomposeMatmulPass(ExportPass):
@@ -210,10 +215,7 @@ class RecomposeMatmulPass(ExportPass):
             matmul.meta.update(out.meta)
             out.replace_all_uses_with(matmul)
             modified = True
-        if modified:
-            graph.eliminate_dead_code()
-            graph_module.recompile()
-        return PassResult(graph_module, modified)
+        return _rewritten(graph_module, modified)
 
 
 class RecomposeAttentionPass(ExportPass):
@@ -260,10 +262,7 @@ class RecomposeAttentionPass(ExportPass):
                     result = _node(graph, _EDGE.where.self, (empty, zeros, result), like=out)
             out.replace_all_uses_with(result)
             modified = True
-        if modified:
-            graph.eliminate_dead_code()
-            graph_module.recompile()
-        return PassResult(graph_module, modified)
+        return _rewritten(graph_module, modified)
 
 
 def _decomposed_attention(where: torch.fx.Node) -> tuple | None:
