@@ -84,21 +84,30 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
 def _with_every_input(model: ov.Model, graph_module: torch.fx.GraphModule) -> ov.Model:
     """``model`` with a Parameter for every placeholder, in order.
 
-    The frontend drops a placeholder nothing reads, but the runtime binds the
-    delegate's inputs by position: without it, every later input would be
-    bound to the wrong Parameter. (Parameters are not always named after
-    their placeholders, so the dropped ones are found as the unread ones.)
+    The frontend drops an input its conversion does not read (a placeholder
+    nothing reads, or one only an op it translates without it reads), but the
+    runtime binds the delegate's inputs by position: without it, every later
+    input would be bound to the wrong Parameter. The Parameters kept are
+    matched to placeholders by name, or, when the frontend named them
+    otherwise, the dropped ones are the placeholders nothing reads.
     """
     placeholders = graph_module.graph.find_nodes(op="placeholder")
     converted = list(model.get_parameters())
-    unread = [node for node in placeholders if not node.users]
-    if len(converted) == len(placeholders) or len(converted) + len(unread) != len(placeholders):
-        return model  # nothing dropped; or not as expected, and the caller's strict zip says so
-    logger.debug("inputs the frontend dropped (nothing reads them): %s", ", ".join(n.name for n in unread))
-    kept = iter(converted)
-    parameters = [
-        opset.parameter([1], ov.Type.i64, name=node.name) if not node.users else next(kept)  # typed by the caller
-        for node in placeholders
+    if len(converted) == len(placeholders):
+        return model
+    by_name = {parameter.get_friendly_name(): parameter for parameter in converted}
+    names = [node.name for node in placeholders]
+    if set(by_name) <= set(names):
+        kept = [by_name.get(name) for name in names]
+    elif len(converted) + sum(1 for node in placeholders if not node.users) == len(placeholders):
+        remaining = iter(converted)
+        kept = [next(remaining) if node.users else None for node in placeholders]
+    else:
+        return model  # not as expected: the caller's strict zip says so
+    logger.debug("inputs the frontend dropped: %s", ", ".join(n for n, p in zip(names, kept, strict=True) if p is None))
+    parameters = [  # a dropped input's type and shape are set by the caller, as for the others
+        parameter if parameter is not None else opset.parameter([1], ov.Type.i64, name=name)
+        for name, parameter in zip(names, kept, strict=True)
     ]
     return ov.Model(model.get_results(), parameters, model.get_friendly_name())
 
