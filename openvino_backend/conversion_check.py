@@ -110,7 +110,7 @@ def take_over(handle: str | None, program: ExportedProgram) -> ConvertedPartitio
         return None
     inputs = [node.name for node in user_input_nodes(program)]
     outputs = [node.name if isinstance(node, torch.fx.Node) else "" for node in output_nodes(program.graph_module)]
-    constants = {node.name: value for node, value in owned_constants(program, set(program.graph.nodes)).items()}
+    constants = _constants_by_name(program, program.graph.nodes)
     same = (
         key == _key(program.graph.nodes)
         and [n.name for n in handed.inputs] == inputs
@@ -124,6 +124,11 @@ def take_over(handle: str | None, program: ExportedProgram) -> ConvertedPartitio
     return handed
 
 
+def _constants_by_name(program: ExportedProgram, nodes: Iterable[torch.fx.Node]) -> dict[str, torch.Tensor]:
+    """The constants only ``nodes`` read, by the name of the placeholder that lifted each."""
+    return {node.name: value for node, value in owned_constants(program, set(nodes)).items()}
+
+
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and (a is b or torch.equal(a, b))
 
@@ -135,7 +140,7 @@ def _key(nodes: Iterable[torch.fx.Node]) -> frozenset[str]:
 def convert_partition(program: ExportedProgram, nodes: Sequence[torch.fx.Node]) -> ConvertedPartition:
     """Raises ``OpenvinoExportError`` (a ``ConversionError``, a ``DimOrderError``) as preprocess would."""
     graph_module, inputs, outputs = partition_graph(program, nodes)
-    constants = {node.name: value for node, value in owned_constants(program, set(nodes)).items()}
+    constants = _constants_by_name(program, nodes)
     model = convert(graph_module)
     input_orders = tuple(non_default_dim_order(node.meta.get("val")) for node in inputs)
     output_orders = tuple(non_default_dim_order(node.meta.get("val")) for node in outputs)
