@@ -16,6 +16,7 @@ _EXPORTS = {
     "keep_non_default_dim_order_out": "openvino_backend.boundary",
     "keep_unbindable_tensors_out": "openvino_backend.boundary",
     "BackendConflictError": "openvino_backend.diagnostics",
+    "CompileSpecError": "openvino_backend.diagnostics",
     "ConversionError": "openvino_backend.diagnostics",
     "CpuKernelError": "openvino_backend.diagnostics",
     "DeviceError": "openvino_backend.diagnostics",
@@ -50,6 +51,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "DEFAULT_RULES",
     "BackendConflictError",
+    "CompileSpecError",
     "ConversionError",
     "CpuKernelError",
     "DeviceError",

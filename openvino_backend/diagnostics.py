@@ -215,5 +215,10 @@ class DeviceError(OpenvinoExportError):
 
 
 @dataclass(eq=False)
+class CompileSpecError(OpenvinoExportError):
+    """A compile spec value this backend does not understand."""
+
+
+@dataclass(eq=False)
 class BackendConflictError(OpenvinoExportError):
     """Another ``OpenvinoBackend`` class is loaded; ExecuTorch may pick either."""

@@ -33,7 +33,17 @@ from openvino_backend.boundary import PartitionView, Rejection, is_getitem, non_
 from openvino_backend.conversion_check import ConvertedPartition, compile_key, convert_partition, converted
 from openvino_backend.diagnostics import OpenvinoExportError, op_name
 from openvino_backend.edge_layout import DimOrder, inverse
-from openvino_backend.precision import Tolerance, effective_dtype, openvino_core
+from openvino_backend.precision import (
+    Tolerance,
+    default_precision,
+    effective_dtype,
+    inference_precision,
+    openvino_core,
+    precision_name,
+    supported_precisions,
+)
+from openvino_backend.quantized import quantizes, step_slack, within_steps
+from openvino_backend.validate import user_input_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -171,10 +181,19 @@ class Mismatch:
 class NumericalCheck:
     """A partition rule: keep out the node that makes OpenVINO disagree with PyTorch."""
 
-    def __init__(self, program: ExportedProgram, values: SampleValues, device: str = "CPU") -> None:
+    def __init__(
+        self, program: ExportedProgram, values: SampleValues, device: str = "CPU", precision: str | None = None
+    ) -> None:
         self.program = program
         self.values = values
         self.device = device
+        # The precision the target computes in: compiled for and judged by, whatever this machine's default.
+        self.precision = precision_name(inference_precision(device, precision))
+        self._computes_in = self.precision if self.precision in supported_precisions(device) else "f32"
+        default = precision_name(default_precision(device))
+        self._properties = {} if self._computes_in == default else {"INFERENCE_PRECISION_HINT": self._computes_in}
+        users = set(user_input_nodes(program))
+        self._constants = frozenset(n for n in program.graph.find_nodes(op="placeholder") if n not in users)
         self.narrowed: list[tuple[str, str]] = []  # (op, why) of each node the check kept out
         self.unchecked = 0  # partitions the check could not run
 
@@ -225,12 +244,12 @@ class NumericalCheck:
         feeds = [_as_bound(self.values[n], order) for n, order in zip(inputs, partition.input_orders, strict=True)]
         expected = [self.values[node] for node in outputs]
         orders = partition.output_orders
-        found = self._compare(partition, feeds, expected, nodes, outputs, orders, properties={})
+        found = self._compare(partition, feeds, expected, nodes, outputs, orders, self._properties, confirm=False)
         if found is None:
             return None
-        # Rounding in a reduced precision, or a wrong result? f32 tells them apart.
-        f32 = {"INFERENCE_PRECISION_HINT": "f32"}
-        if self._compare(partition, feeds, expected, nodes, outputs, orders, properties=f32) is None:
+        # Rounding, or a wrong result? f32 at a relative error of F32_ERROR tells them apart.
+        f32 = self._properties if self._computes_in == "f32" else {"INFERENCE_PRECISION_HINT": "f32"}
+        if self._compare(partition, feeds, expected, nodes, outputs, orders, f32, confirm=True) is None:
             logger.debug("%s: within rounding once computed in f32 (%s)", found.node.name, found.detail)
             return None
         return found
@@ -244,8 +263,9 @@ class NumericalCheck:
         outputs: Sequence[torch.fx.Node],
         orders: Sequence[DimOrder | None],
         properties: Mapping[str, str],
+        *,
+        confirm: bool,
     ) -> Mismatch | None:
-        f32 = bool(properties)
         depths = _depths(nodes)
         try:
             key = compile_key(self.device, properties)
@@ -261,10 +281,25 @@ class NumericalCheck:
             return None
         if overwritten:
             return Mismatch(outputs[0], "running it overwrote one of its inputs")
-        for node, got, want in zip(outputs, actual, expected, strict=True):
-            tolerance = _tolerance(want, self.device, f32=f32, ops=2 * depths.get(node, 1))
-            if not tolerance.check(got, want):
-                return Mismatch(node, _describe(got, want, tolerance, self.device, f32))
+        tolerances = [
+            _tolerance(want, self.device, self.precision, confirm=confirm, ops=2 * depths.get(node, 1))
+            for node, want in zip(outputs, expected, strict=True)
+        ]
+        pairs = enumerate(zip(actual, expected, strict=True))
+        failed = [i for i, (got, want) in pairs if not tolerances[i].check(got, want)]
+        if not failed:
+            return None
+        # A quantized value a step from PyTorch's is rounding too: judged in steps (quantized.py).
+        slack = step_slack(nodes, outputs, self.values, self._constants) if quantizes(nodes) else [None] * len(outputs)
+        for index in failed:
+            node, got, want, tolerance = outputs[index], actual[index], expected[index], tolerances[index]
+            if slack[index] is None or got.shape != want.shape:
+                return Mismatch(node, _describe(got, want, tolerance, self.precision, confirm))
+            ok, share = within_steps(got, want, tolerance.atol, tolerance.rtol, slack[index])
+            logger.debug("%s: %.1f%% of elements a quantization step off (%s)", node.name, 100 * share, ok)
+            if not ok:
+                detail = _describe(got, want, tolerance, self.precision, confirm)
+                return Mismatch(node, f"{detail}, plus one quantization step ({share:.0%} of elements off by a step)")
         return None
 
 
@@ -325,20 +360,20 @@ def _checkable(value: object, *, scalar: bool = True) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype not in (torch.bfloat16,) and not value.is_complex()
 
 
-def _tolerance(want: torch.Tensor, device: str, *, f32: bool, ops: int) -> Tolerance:
+def _tolerance(want: torch.Tensor, device: str, precision: str, *, confirm: bool, ops: int) -> Tolerance:
     scale = float(want.abs().max()) if want.numel() and want.dtype.is_floating_point else 1.0
     scale = max(scale, 1.0) if math.isfinite(scale) else 1.0
-    if f32:
+    if confirm:  # in f32, where anything beyond F32_ERROR is wrong and not rounding
         return Tolerance(atol=F32_ERROR * scale, rtol=F32_ERROR) if want.dtype.is_floating_point else Tolerance(0, 0)
-    return Tolerance.for_output(want.dtype, device, scale=scale, ops=max(ops, 4))
+    return Tolerance.for_output(want.dtype, device, scale=scale, ops=max(ops, 4), target=precision)
 
 
-def _describe(got: torch.Tensor, want: torch.Tensor, tolerance: Tolerance, device: str, f32: bool) -> str:
+def _describe(got: torch.Tensor, want: torch.Tensor, tolerance: Tolerance, precision: str, confirm: bool) -> str:
     if got.shape != want.shape:
         return f"shape {tuple(got.shape)} where PyTorch gives {tuple(want.shape)}"
     diff = (got.double() - want.double()).abs().nan_to_num(nan=math.inf)
     where = int(diff.flatten().argmax()) if diff.numel() else 0
-    precision = "f32" if f32 else str(effective_dtype(want.dtype, device)).removeprefix("torch.")
+    precision = "f32" if confirm else str(effective_dtype(want.dtype, target=precision)).removeprefix("torch.")
     return (
         f"max error {float(diff.max()):.3g} (element {where}: {got.flatten()[where].item()!r} where PyTorch gives "
         f"{want.flatten()[where].item()!r}), allowed {tolerance.atol:.3g} + {tolerance.rtol:.3g}*|value| in {precision}"

@@ -31,7 +31,14 @@ from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores
 from openvino_backend.fold import fold_constant_subgraphs
 from openvino_backend.guard import ensure_sole_backend
 from openvino_backend.numerics import NumericalCheck, sample_values
-from openvino_backend.precision import missing_devices, openvino_core, openvino_version, warn_if_reduced
+from openvino_backend.precision import (
+    inference_precision,
+    missing_devices,
+    openvino_core,
+    openvino_version,
+    precision_name,
+    warn_if_reduced,
+)
 from openvino_backend.preprocess import HANDOVER_KEY, PARTITION_KEY, CompileOptions, OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport, openvino_supported_ops
 
@@ -47,6 +54,8 @@ class PartitionReport:
     kept_out: tuple[tuple[NodeRef, str], ...] = ()
     # Ops computing tensors in the program (getitems and size arithmetic aside).
     total_nodes: int = 0
+    # The precision f32 partitions were checked in: the target's (compile spec), or this machine's.
+    precision: str = "f32"
 
     @property
     def delegated_share(self) -> float:
@@ -58,7 +67,11 @@ class OpenvinoPartitioner(Partitioner):
 
     Args:
         compile_spec: passed to the backend; ``device`` selects the OpenVINO
-            device (default ``CPU``).
+            device (default ``CPU``); ``inference_precision`` (``f32``,
+            ``bf16``) is the precision the target CPU computes f32 partitions
+            in (bf16 on CPUs with AMX or AVX512-BF16, f32 on others), which
+            the numerical check compiles for and judges by; default: this
+            machine's.
         op_types_to_skip: op names (``aten.add.Tensor``) never delegated.
         op_names_to_skip: FX node names never delegated.
         boundary_rules: the partition-edge rules. The default set is what
@@ -114,6 +127,13 @@ class OpenvinoPartitioner(Partitioner):
         self.reporter = WhyNoPartitionReporter()
         self.report = PartitionReport()
 
+    @property
+    def precision(self) -> str:
+        """What the target computes f32 partitions in (``inference_precision`` compile spec, or else
+        this machine's default): the numerical check compiles for it and judges by it."""
+        options = CompileOptions.from_specs(self.compile_spec)
+        return precision_name(inference_precision(options.device, options.precision))
+
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
@@ -162,6 +182,7 @@ class OpenvinoPartitioner(Partitioner):
             delegated_nodes=sum(1 for p in partitions for n in p.nodes if _computes(n)),
             kept_out=tuple((NodeRef.from_node(node), reason) for node, reason in rejected.items() if _computes(node)),
             total_nodes=sum(1 for n in exported_program.graph.nodes if _computes(n)),
+            precision=self.precision,
         )
 
         partition_tags: dict[str, DelegationSpec] = {}
@@ -176,7 +197,8 @@ class OpenvinoPartitioner(Partitioner):
             partition_tags[tag] = DelegationSpec(OpenvinoBackend.__name__, spec)
         tag_constant_data(exported_program)
 
-        warn_if_reduced(_float_dtypes(partitions), CompileOptions.from_specs(self.compile_spec).device)
+        options = CompileOptions.from_specs(self.compile_spec)
+        warn_if_reduced(_float_dtypes(partitions), options.device, options.precision)
         logger.info("OpenVINO takes %d nodes in %d partition(s)", self.report.delegated_nodes, len(partitions))
         if rejected:
             logger.info("Nodes not delegated to OpenVINO:\n%s", self.reporter.get_table_report())
@@ -190,8 +212,8 @@ class OpenvinoPartitioner(Partitioner):
         stages = [self._boundary_rules, self._final_rules]
         self.numerical_check = None
         if self._check_numerics and (values := sample_values(program, self._sample_inputs)) is not None:
-            device = CompileOptions.from_specs(self.compile_spec).device
-            self.numerical_check = NumericalCheck(program, values, device)
+            options = CompileOptions.from_specs(self.compile_spec)
+            self.numerical_check = NumericalCheck(program, values, options.device, options.precision)
             stages.append((self.numerical_check,))
         excluded = _feeding_only_checks(program.graph)
         refused: dict[torch.fx.Node, str] = {}  # by the op-support check, over all rounds

@@ -53,8 +53,8 @@ def missing_devices(device: str) -> list[str]:
 
 
 @cache
-def inference_precision(device: str = "CPU") -> torch.dtype:
-    """The floating dtype ``device`` computes f32 models in by default."""
+def default_precision(device: str = "CPU") -> torch.dtype:
+    """The floating dtype ``device`` computes f32 models in by default, on this machine."""
     try:
         hint = openvino_core().get_property(device, "INFERENCE_PRECISION_HINT")
     except RuntimeError:  # a device without the property computes in the model's type
@@ -62,16 +62,42 @@ def inference_precision(device: str = "CPU") -> torch.dtype:
     return _OV_TO_TORCH.get(hint.to_string(), torch.float32)
 
 
+def inference_precision(device: str = "CPU", target: str | None = None) -> torch.dtype:
+    """The floating dtype f32 models are computed in: ``target`` (``"f32"``, ``"bf16"``, ``"f16"``,
+    the precision of the machine the program will run on) or else this machine's default."""
+    return _OV_TO_TORCH[target] if target is not None else default_precision(device)
+
+
+@cache
+def supported_precisions(device: str = "CPU") -> tuple[str, ...]:
+    """The inference precisions ``device`` can compute in on this machine, f32 first."""
+    try:
+        capabilities = set(openvino_core().get_property(device, "OPTIMIZATION_CAPABILITIES"))
+    except RuntimeError:
+        return ("f32",)
+    found = [name for name, capability in (("bf16", "BF16"), ("f16", "FP16")) if capability in capabilities]
+    return ("f32", *found)
+
+
+def precision_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bf16"``: OpenVINO's name for a precision."""
+    return next(name for name, known in _OV_TO_TORCH.items() if known == dtype)
+
+
+# The precisions a CPU computes f32 models in, as the inference_precision compile spec names them.
+PRECISIONS = ("f32", "bf16", "f16")
+
+
 def unit_roundoff(dtype: torch.dtype) -> float:
     """Half the gap between 1 and the next representable number."""
     return torch.finfo(dtype).eps / 2
 
 
-def effective_dtype(dtype: torch.dtype, device: str = "CPU") -> torch.dtype:
-    """The dtype ``device`` computes a ``dtype`` tensor in."""
+def effective_dtype(dtype: torch.dtype, device: str = "CPU", target: str | None = None) -> torch.dtype:
+    """The dtype ``device`` computes a ``dtype`` tensor in (at the ``target`` precision if given)."""
     if not dtype.is_floating_point:
         return dtype
-    hint = inference_precision(device)
+    hint = inference_precision(device, target)
     return hint if torch.finfo(hint).eps > torch.finfo(dtype).eps else dtype
 
 
@@ -84,7 +110,14 @@ class Tolerance:
 
     @classmethod
     def for_output(
-        cls, dtype: torch.dtype, device: str = "CPU", *, terms: int = 1, scale: float = 1.0, ops: int = 4
+        cls,
+        dtype: torch.dtype,
+        device: str = "CPU",
+        *,
+        terms: int = 1,
+        scale: float = 1.0,
+        ops: int = 4,
+        target: str | None = None,
     ) -> Tolerance:
         """The error a correct result can carry in ``device``'s precision.
 
@@ -96,7 +129,7 @@ class Tolerance:
         """
         if not dtype.is_floating_point:
             return cls(0.0, 0.0)
-        u = unit_roundoff(effective_dtype(dtype, device))
+        u = unit_roundoff(effective_dtype(dtype, device, target))
         return cls(atol=ops * u * scale * math.sqrt(terms), rtol=ops * u)
 
     def check(self, actual: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -107,10 +140,10 @@ class Tolerance:
         return torch.allclose(actual, expected, atol=self.atol, rtol=self.rtol, equal_nan=True)
 
 
-def warn_if_reduced(dtypes: set[torch.dtype], device: str) -> None:
-    """Log once that ``device`` computes these dtypes in a lower precision."""
-    hint = inference_precision(device)
-    lowered = sorted(str(d) for d in dtypes if d.is_floating_point and effective_dtype(d, device) != d)
+def warn_if_reduced(dtypes: set[torch.dtype], device: str, target: str | None = None) -> None:
+    """Log that ``device`` computes these dtypes in a lower precision."""
+    hint = inference_precision(device, target)
+    lowered = sorted(str(d) for d in dtypes if d.is_floating_point and effective_dtype(d, device, target) != d)
     if not lowered:
         return
     u = unit_roundoff(hint)

@@ -6,8 +6,10 @@ from collections.abc import Sequence
 
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager
+from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from openvino_backend import OpenvinoPartitioner
+from openvino_backend.precision import supported_precisions
 from openvino_backend.verify import check_run, declared_formats, delegate_ids, lower, resample
 
 # ExecuTorch's edge config with dim order turned off: copies are aten.clone.
@@ -63,3 +65,13 @@ def non_delegated_ops(program: ExecutorchProgramManager) -> list[str]:
         if node.op == "call_function"
     ]
     return [name for name in names if not any(word in name for word in bookkeeping)]
+
+
+# The inference precisions this machine's CPU can compute in (f32 everywhere, bf16 with AMX or
+# AVX512-BF16): tests whose verdict depends on the precision run once per target precision.
+TARGET_PRECISIONS = supported_precisions("CPU")
+
+
+def partitioner_for(precision: str, **options: object) -> OpenvinoPartitioner:
+    """A partitioner whose numerical check targets a CPU computing in ``precision``."""
+    return OpenvinoPartitioner([CompileSpec("inference_precision", precision.encode())], **options)

@@ -10,7 +10,7 @@ from openvino_backend import CpuKernelError, OpenvinoPartitioner
 from openvino_backend.quantize import quantize_int8
 from openvino_backend.verify import lower_exported, run_program
 from tests.dynamic_models import SmallCNN
-from tests.harness import non_delegated_ops
+from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
 
 
 def quantize(module: torch.nn.Module, example: torch.Tensor, *, per_channel: bool, fold: bool) -> torch.nn.Module:
@@ -25,15 +25,18 @@ MODELS = {
 }
 
 
+@pytest.mark.parametrize("precision", TARGET_PRECISIONS)
 @pytest.mark.parametrize("fold", [True, False], ids=["folded", "unfolded"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_pt2e_int8_runs_in_openvino_and_matches_the_quantized_model(name, per_channel, fold) -> None:
+def test_pt2e_int8_runs_in_openvino_and_matches_the_quantized_model(name, per_channel, fold, precision) -> None:
+    """The verdict must not depend on the CPU: the numerical check targets each precision a CPU
+    can compute in (f32 without AMX or AVX512-BF16, bf16 with), and takes the whole program."""
     torch.manual_seed(0)
     build, draw = MODELS[name]
     model, x = build(), draw()
     quantized = quantize(model, x, per_channel=per_channel, fold=fold)
-    program = lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner())
+    program = lower_exported(torch.export.export(quantized, (x,)), partitioner=partitioner_for(precision))
     # Every op, the quantize / dequantize pairs included, runs in OpenVINO (the runtime has no
     # quantized CPU kernels).
     assert non_delegated_ops(program) == []

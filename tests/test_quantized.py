@@ -1,0 +1,91 @@
+"""Quantized values are judged in quantization steps, at the precision of the target CPU.
+
+OpenVINO rounds a quantize's ties away from zero where PyTorch rounds them
+to even: one step apart, both correct. The numerical check must accept that
+on every CPU (f32 and bf16 targets alike) and still refuse a quantized
+result that is wrong (a zero point applied off by one, a scale applied
+wrongly), however small the step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+import openvino_backend.numerics as numerics
+from openvino_backend import CompileSpecError, CpuKernelError, OpenvinoPartitioner
+from openvino_backend.quantized import MAX_SHIFTED_SHARE, within_steps
+from openvino_backend.verify import lower_exported, run_program
+from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
+
+SCALE, ZERO_POINT = 0.5, 3
+
+
+class RoundTrip(torch.nn.Module):
+    """Quantize, dequantize, compute on: the dequantized value feeds arithmetic, as in PT2E graphs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = torch.ops.quantized_decomposed.quantize_per_tensor(x, SCALE, ZERO_POINT, -128, 127, torch.int8)
+        y = torch.ops.quantized_decomposed.dequantize_per_tensor(q, SCALE, ZERO_POINT, -128, 127, torch.int8)
+        return y * 2 + x
+
+
+def ties() -> torch.Tensor:
+    """Values on the quantization grid and half-way between its points (every rounding tie)."""
+    return (torch.arange(-40, 40, dtype=torch.float32) * SCALE / 2).reshape(8, 10)
+
+
+@pytest.mark.parametrize("precision", TARGET_PRECISIONS)
+def test_a_step_at_a_rounding_tie_is_agreement(precision) -> None:
+    x = ties()
+    partitioner = partitioner_for(precision, sample_inputs=(x,))
+    program = lower_exported(torch.export.export(RoundTrip(), (x,)), partitioner=partitioner)
+    assert non_delegated_ops(program) == [], partitioner.report.kept_out
+    assert partitioner.report.precision == precision
+    (actual,) = run_program(program.buffer, [x])
+    expected = RoundTrip()(x)
+    # The case is real: OpenVINO rounds some ties the other way (a step, doubled by `* 2`) ...
+    off = (actual - expected).abs()
+    assert off.max() > 0
+    # ... and never further than that.
+    assert off.max() <= 2 * SCALE + 1e-2
+
+
+@pytest.mark.parametrize("precision", TARGET_PRECISIONS)
+def test_a_zero_point_applied_off_by_one_is_refused(precision, monkeypatch) -> None:
+    """OpenVINO's outputs shifted by one step everywhere, as a wrong zero point would shift them."""
+    run = numerics.run_like_runtime
+
+    def off_by_a_step(compiled, feeds, expected):
+        outputs, overwritten = run(compiled, feeds, expected)
+        return [out + 2 * SCALE for out in outputs], overwritten
+
+    monkeypatch.setattr(numerics, "run_like_runtime", off_by_a_step)
+    x = torch.randn(8, 10)
+    partitioner = partitioner_for(precision, sample_inputs=(x,), fold_constants=False)
+    with pytest.raises(CpuKernelError):  # refused, the quantize / dequantize pair has no CPU kernel
+        lower_exported(torch.export.export(RoundTrip(), (x,)), partitioner=partitioner)
+    assert partitioner.numerical_check is not None
+    assert partitioner.numerical_check.narrowed, "the shifted result was taken for rounding"
+    _, detail = partitioner.numerical_check.narrowed[0]
+    assert "quantization step" in detail and "100% of elements" in detail
+
+
+def test_steps_are_counted_elementwise_and_by_share() -> None:
+    want = torch.zeros(100)
+    slack = torch.full((100,), 0.5)
+    a_few = want.clone()
+    a_few[:10] = 0.5  # ten ties rounded the other way
+    assert within_steps(a_few, want, 1e-6, 1e-6, slack) == (True, 0.1)
+    two_steps = want.clone()
+    two_steps[0] = 1.0
+    assert not within_steps(two_steps, want, 1e-6, 1e-6, slack)[0]
+    everywhere = want + 0.5
+    ok, share = within_steps(everywhere, want, 1e-6, 1e-6, slack)
+    assert share == 1.0 > MAX_SHIFTED_SHARE and not ok
+
+
+def test_an_unknown_precision_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(CompileSpecError, match=r"(?s)unknown inference_precision 'fp32'.*f32, bf16, f16"):
+        OpenvinoPartitioner([CompileSpec("inference_precision", b"fp32")])
