@@ -23,6 +23,9 @@ Why each rule exists:
   OpenVINO element types, cannot bind 0-d or empty tensors, and never resizes an
   output of dynamic shape; any of these at the edge fails (or returns the
   wrong shape) at run time.
+* ``keep_quantize_pairs_together``: OpenVINO takes a PT2E quantize /
+  dequantize pair as one pattern and never computes the integer tensor
+  between them; the pair never straddles the edge.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 from torch.export import ExportedProgram
 
 from openvino_backend.diagnostics import op_name
+from openvino_backend.quantized import is_quantize
 
 Rejection = tuple[torch.fx.Node, str]
 BoundaryRule = Callable[["PartitionView"], Iterable[Rejection]]
@@ -299,4 +303,33 @@ def keep_unbindable_tensors_out(part: PartitionView) -> Iterator[Rejection]:
     return _reject_at_edge(part, unbindable_output, unbindable)
 
 
-DEFAULT_RULES: tuple[BoundaryRule, ...] = (keep_boundary_copies_out, keep_unbindable_tensors_out)
+def keep_quantize_pairs_together(part: PartitionView) -> Iterator[Rejection]:
+    """A quantize and the dequantize reading it sit on the same side of the edge.
+
+    OpenVINO takes the pair as one pattern (a FakeQuantize on float values, or an
+    INT8 kernel's input): it never computes the integer tensor between them, so
+    that tensor cannot cross the edge, and ExecuTorch's runtime has no kernel for
+    either half. Kept out, the half the partition cannot hold takes its partner
+    with it, and the reason names both.
+    """
+    for node in part.outputs():
+        if is_quantize(node):
+            yield node, "quantize whose dequantize runs outside the partition: " + _PAIR_WHY
+    for source in part.inputs():
+        if is_quantize(source):
+            for user in source.users:
+                if user in part.nodes:
+                    yield user, f"reads quantize `{source.name}`, which runs outside the partition: " + _PAIR_WHY
+
+
+_PAIR_WHY = (
+    "OpenVINO takes a quantize / dequantize pair as one pattern and never computes the integer "
+    "tensor between them, so the pair cannot be split at the partition edge"
+)
+
+
+DEFAULT_RULES: tuple[BoundaryRule, ...] = (
+    keep_boundary_copies_out,
+    keep_unbindable_tensors_out,
+    keep_quantize_pairs_together,
+)

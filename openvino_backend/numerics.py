@@ -42,7 +42,7 @@ from openvino_backend.precision import (
     precision_name,
     supported_precisions,
 )
-from openvino_backend.quantized import quantizes, step_slack, within_steps
+from openvino_backend.quantized import is_quantize, quantizes, step_slack, within_steps
 from openvino_backend.validate import user_input_nodes
 
 logger = logging.getLogger(__name__)
@@ -381,12 +381,15 @@ def _describe(got: torch.Tensor, want: torch.Tensor, tolerance: Tolerance, preci
 
 
 def _units(nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
-    """``nodes`` in order, each with the getitems reading it (they cannot be split from it)."""
+    """``nodes`` in order, each with what cannot be split from it: the getitems reading it, and
+    a quantize's dequantizes (``boundary.keep_quantize_pairs_together``)."""
     units: list[list[torch.fx.Node]] = []
     owner: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for node in nodes:
-        if is_getitem(node) and node.args[0] in owner:
-            owner[node.args[0]].append(node)
+        source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        if source in owner and (is_getitem(node) or is_quantize(source)):
+            owner[source].append(node)
+            owner[node] = owner[source]
         else:
             units.append(owner.setdefault(node, [node]))
     return units

@@ -37,8 +37,13 @@ _QUANTIZE = {
 MAX_SHIFTED_SHARE = 0.5
 
 
+def is_quantize(node: torch.fx.Node) -> bool:
+    """A PT2E quantize: its result is the integer tensor a dequantize reads."""
+    return node.op == "call_function" and op_name(node) in _QUANTIZE
+
+
 def quantizes(nodes: Sequence[torch.fx.Node]) -> bool:
-    return any(op_name(node) in _QUANTIZE for node in nodes)
+    return any(is_quantize(node) for node in nodes)
 
 
 def step_slack(

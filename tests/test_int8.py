@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import openvino_backend.preprocess as preprocess
 from bench.models import TransformerEncoder
 from openvino_backend import CpuKernelError, OpenvinoPartitioner
 from openvino_backend.quantize import quantize_int8
@@ -65,3 +66,20 @@ def test_a_dequantize_left_on_the_cpu_is_refused_at_export() -> None:
     partitioner = OpenvinoPartitioner(op_types_to_skip={"quantized_decomposed.dequantize_per_tensor.default"})
     with pytest.raises(CpuKernelError, match="no CPU kernel for quantized_decomposed"):
         lower_exported(torch.export.export(quantized, (x,)), partitioner=partitioner)
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "unfolded"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_what_the_partitioner_accepts_preprocess_converts_on_its_own(name, fold, monkeypatch) -> None:
+    """Preprocess's own conversion (the handover declined) takes every INT8 partition the checks
+    took, stored int8 weights included, and computes what the handed-over one computes."""
+    torch.manual_seed(0)
+    build, draw = MODELS[name]
+    model, x = build(), draw()
+    quantized = quantize(model, x, per_channel=True, fold=fold)
+    handed = lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner())
+    monkeypatch.setattr(preprocess, "take_over", lambda handle, program: None)
+    converted = lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner())
+    assert non_delegated_ops(converted) == []
+    (a,), (b,) = run_program(handed.buffer, [x]), run_program(converted.buffer, [x])
+    torch.testing.assert_close(a, b, atol=0, rtol=0)

@@ -15,7 +15,9 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 import openvino_backend.numerics as numerics
 from openvino_backend import CompileSpecError, CpuKernelError, OpenvinoPartitioner
-from openvino_backend.quantized import MAX_SHIFTED_SHARE, within_steps
+from openvino_backend.boundary import PartitionView, keep_quantize_pairs_together
+from openvino_backend.diagnostics import op_name
+from openvino_backend.quantized import MAX_SHIFTED_SHARE, is_quantize, within_steps
 from openvino_backend.verify import lower_exported, run_program
 from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
 
@@ -89,3 +91,38 @@ def test_steps_are_counted_elementwise_and_by_share() -> None:
 def test_an_unknown_precision_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(CompileSpecError, match=r"(?s)unknown inference_precision 'fp32'.*f32, bf16, f16"):
         OpenvinoPartitioner([CompileSpec("inference_precision", b"fp32")])
+
+
+def test_a_quantize_dequantize_pair_never_straddles_the_partition_edge() -> None:
+    program = torch.export.export(RoundTrip(), (ties(),))
+    (quantize,) = [n for n in program.graph.nodes if is_quantize(n)]
+    (dequantize,) = quantize.users
+    rest = {n for n in program.graph.nodes if n.op == "call_function"} - {quantize, dequantize}
+
+    def refused(nodes: set) -> list:
+        return [node for node, _ in keep_quantize_pairs_together(PartitionView(frozenset(nodes), program))]
+
+    assert refused({quantize}) == [quantize]
+    assert refused({dequantize, *rest}) == [dequantize]
+    assert refused({quantize, dequantize}) == []
+    assert refused({quantize, dequantize, *rest}) == []
+
+
+def test_a_refused_dequantize_takes_its_quantize_out_with_a_reason_naming_the_pair(monkeypatch) -> None:
+    """The numerical check blames a dequantize: its quantize follows it out, and export says why
+    (the runtime has no CPU kernel for either)."""
+    check = numerics.NumericalCheck.__call__
+
+    def blame_the_dequantize(self, part):
+        for node in part.ordered():
+            if op_name(node).startswith("quantized_decomposed.dequantize"):
+                yield node, "blamed by this test"
+                return
+        yield from check(self, part)
+
+    monkeypatch.setattr(numerics.NumericalCheck, "__call__", blame_the_dequantize)
+    x = torch.randn(8, 10)
+    with pytest.raises(CpuKernelError) as caught:
+        lower_exported(torch.export.export(RoundTrip(), (x,)), partitioner=OpenvinoPartitioner(fold_constants=False))
+    assert "blamed by this test" in str(caught.value)
+    assert "quantize whose dequantize runs outside the partition" in str(caught.value)
