@@ -215,6 +215,36 @@ class DeviceError(OpenvinoExportError):
 
 
 @dataclass(eq=False)
+class PassError(OpenvinoExportError):
+    """One of this backend's graph rewrites failed: a bug here, reported with the node it was at."""
+
+
+def pass_failure(step: str, error: Exception, partition: int | None = None) -> PassError:
+    """``error``, raised inside ``step``, as a ``PassError`` naming the node ``step`` was rewriting.
+
+    The node is the innermost ``node`` local of the failing frames that belong to
+    this package: every rewrite loops over the graph with that name.
+    """
+    node = None
+    frame = error.__traceback__
+    while frame is not None:
+        local = frame.tb_frame.f_locals.get("node")
+        if frame.tb_frame.f_globals.get("__name__", "").startswith("openvino_backend.") and isinstance(
+            local, torch.fx.Node
+        ):
+            node = local
+        frame = frame.tb_next
+    return PassError(
+        summary=f"{step} failed: {type(error).__name__}: {error}",
+        findings=(Finding("while rewriting this node", (NodeRef.from_node(node),)),) if node is not None else (),
+        why="a rewrite this backend applies before OpenVINO's frontend met a graph it does not handle",
+        fix="please report it with this message; meanwhile, keep the op on the CPU:\n"
+        "OpenvinoPartitioner(op_types_to_skip={...}) with the op named above",
+        partition=partition,
+    )
+
+
+@dataclass(eq=False)
 class CompileSpecError(OpenvinoExportError):
     """A compile spec value this backend does not understand."""
 

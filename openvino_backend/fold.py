@@ -38,7 +38,11 @@ _SKIP = {torch.ops.aten.full.default, *_QUANT_PRIMITIVES}
 def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDED_BYTES) -> ExportedProgram:
     """A copy of ``program`` whose foldable constant subgraphs are replaced by their values
     (``program`` itself when there are none)."""
-    found = _foldable(program, max_bytes)
+    try:
+        found = _foldable(program, max_bytes)
+    except Exception as error:  # folding saves work at run time; nothing depends on it
+        logger.warning("constant folding skipped: PyTorch could not evaluate the constant subgraphs (%s)", error)
+        return program
     if not found:
         return program
     program = program._update(
@@ -64,20 +68,50 @@ def _foldable(program: ExportedProgram, max_bytes: int) -> dict[torch.fx.Node, t
     values = get_propagated_const_tensor_dict(program, custom_skip_targets=_SKIP)
     parameters = set(program.graph_signature.inputs_to_parameters)
     outputs = set(program.graph.output_node().all_input_nodes)
-    from_parameter: set[torch.fx.Node] = set()
+    # Never folded, nor anything computed from them: parameters, and tensors the program changes
+    # in place (a folded one would be a constant that the program mutates, which torch refuses).
+    unfoldable: set[torch.fx.Node] = mutated_in_place(program.graph)
     folded = {}
     for node, value in values.items():
         if node.op == "placeholder":
             if node.name in parameters:
-                from_parameter.add(node)
-            folded[node] = value
+                unfoldable.add(node)
+            elif node not in unfoldable:
+                folded[node] = value
             continue
-        if any(source in from_parameter for source in node.all_input_nodes):
-            from_parameter.add(node)
+        if node in unfoldable or any(source in unfoldable for source in node.all_input_nodes):
+            unfoldable.add(node)
             continue
         if isinstance(value, torch.Tensor) and node not in outputs and _nbytes(value) <= max_bytes:
             folded[node] = value
     return folded if any(node.op != "placeholder" for node in folded) else {}
+
+
+def mutated_in_place(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes whose tensors an op writes in place, directly or through a view of them."""
+    mutated: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        given = {**dict(zip((a.name for a in schema.arguments), node.args, strict=False)), **node.kwargs}
+        for argument in schema.arguments:
+            value = given.get(argument.name)
+            if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.fx.Node):
+                mutated.update(_view_bases(value))
+    return mutated
+
+
+def _view_bases(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """``node`` and every tensor it is a view of (a write through a view writes the base)."""
+    chain = [node]
+    while True:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        aliases = schema is not None and schema.returns and schema.returns[0].alias_info is not None
+        if not aliases or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return chain
+        node = node.args[0]
+        chain.append(node)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

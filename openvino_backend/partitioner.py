@@ -26,7 +26,16 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partit
 from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, is_getitem, unbindable
 from openvino_backend.conversion_check import hand_over, keep_converted_passthroughs_out
 from openvino_backend.cpu_kernels import ensure_cpu_runnable
-from openvino_backend.diagnostics import DeviceError, EdgeTensorError, Finding, FusionOrderError, NodeRef, op_name
+from openvino_backend.diagnostics import (
+    DeviceError,
+    EdgeTensorError,
+    Finding,
+    FusionOrderError,
+    NodeRef,
+    OpenvinoExportError,
+    op_name,
+    pass_failure,
+)
 from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
 from openvino_backend.fold import fold_constant_subgraphs
 from openvino_backend.guard import ensure_sole_backend
@@ -159,7 +168,12 @@ class OpenvinoPartitioner(Partitioner):
         if self._fold_constants:
             exported_program = fold_constant_subgraphs(exported_program)
         if self._pad_dynamic_outputs:
-            exported_program = pad_dynamic_outputs(exported_program, bindable=lambda val: unbindable(val) is None)
+            try:
+                exported_program = pad_dynamic_outputs(exported_program, bindable=lambda v: unbindable(v) is None)
+            except OpenvinoExportError:
+                raise
+            except Exception as error:
+                raise pass_failure("padding dynamic outputs (pad_dynamic_outputs)", error) from error
         # ExecuTorch hands ``partition`` a copy whose state dict holds fake tensors; the checks
         # that convert and run partitions need the real weights.
         self._real_states.append(dict(exported_program.state_dict))

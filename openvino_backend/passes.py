@@ -10,6 +10,8 @@ from executorch.exir.pass_base import ExportPass, PassResult
 from executorch.exir.passes.memory_format_ops_pass import MemoryFormatOpsMap, get_memory_format
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from openvino_backend.diagnostics import OpenvinoExportError, pass_failure
+
 _EDGE = exir_ops.edge.aten
 _QUANT = exir_ops.edge.quantized_decomposed
 
@@ -191,14 +193,14 @@ class RecomposeMatmulPass(ExportPass):
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         graph = graph_module.graph
         modified = False
-        for bmm in list(graph.find_nodes(op="call_function", target=_EDGE.bmm.default)):
-            if len(bmm.users) != 1:
+        for node in list(graph.find_nodes(op="call_function", target=_EDGE.bmm.default)):
+            if len(node.users) != 1:
                 continue
-            (out,) = bmm.users
+            (out,) = node.users
             if out.target != _EDGE.view_copy.default:
                 continue
             out_batch = out.meta["val"].shape[:-2]
-            sources = [_batched_source(operand, out_batch) for operand in bmm.args[:2]]
+            sources = [_batched_source(operand, out_batch) for operand in node.args[:2]]
             if any(source is None for source in sources) or all(s.meta["val"].dim() < 3 for s in sources):
                 continue  # two matrices: the bmm's own batch is the only one
             a, b = (source.meta["val"] for source in sources)
@@ -238,8 +240,8 @@ class RecomposeAttentionPass(ExportPass):
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         graph = graph_module.graph
         modified = False
-        for where in list(graph.find_nodes(op="call_function", target=_EDGE.where.self)):
-            match = _decomposed_attention(where)
+        for node in list(graph.find_nodes(op="call_function", target=_EDGE.where.self)):
+            match = _decomposed_attention(node)
             if match is None:
                 continue
             query, key_t, value, mask, out = match
@@ -403,7 +405,12 @@ def prepare_for_frontend(graph_module: torch.fx.GraphModule) -> torch.fx.GraphMo
         RecomposeAttentionPass,
         ConstantShapeArgumentsPass,
     ):
-        result = make_pass()(graph_module)
+        try:
+            result = make_pass()(graph_module)
+        except OpenvinoExportError:
+            raise
+        except Exception as error:
+            raise pass_failure(make_pass.__name__, error) from error
         if result is not None and result.graph_module is not None:
             graph_module = result.graph_module
     return graph_module

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from openvino_backend import OpenvinoPartitioner
+from openvino_backend import OpenvinoPartitioner, PassError
 from openvino_backend.convert import convert
 from openvino_backend.precision import openvino_core
 from openvino_backend.verify import check_run, lower_exported
@@ -139,3 +139,50 @@ def test_an_input_nothing_reads_keeps_its_position() -> None:
     request = openvino_core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
     request.infer([np.zeros((2, 2), dtype=np.int64), x.numpy()])
     torch.testing.assert_close(torch.from_numpy(request.get_output_tensor(0).data.copy()), x.sin())
+
+
+class RelativePositionBuckets(torch.nn.Module):
+    """T5's relative attention buckets: a tensor built from constants, then changed in place."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        position = torch.arange(8)
+        relative = position[None, :] - position[:, None]
+        buckets = (relative > 0).to(torch.long) * 4
+        buckets += torch.where(relative.abs() < 2, relative.abs(), torch.full_like(relative, 2))
+        return x + buckets.to(x.dtype)
+
+
+def test_a_constant_the_program_changes_in_place_is_not_folded() -> None:
+    # Folded, `buckets` became a lifted constant that `+=` mutates, and torch's decomposition
+    # refused the program ("Constant ... is mutated in the forward method"): T5's encoder failed so.
+    execute_layer_test(RelativePositionBuckets(), (torch.randn(2, 8, 8),))
+
+
+def test_constants_written_through_a_view_are_not_folded() -> None:
+    class WriteThroughView(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            table = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+            table[0].mul_(-1)  # writes `table` through a view of its first row
+            return x + table
+
+    execute_layer_test(WriteThroughView(), (torch.randn(4, 4),))
+
+
+def test_a_failing_rewrite_is_a_typed_error_naming_the_node(monkeypatch) -> None:
+    import openvino_backend.passes as passes
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug in a rewrite")
+
+    monkeypatch.setattr(passes, "_batched_source", broken)
+
+    class Batched(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.matmul(a, b)  # the line the error must name
+
+    with pytest.raises(PassError) as caught:
+        inputs = (torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+        lower_exported(torch.export.export(Batched(), inputs), partitioner=OpenvinoPartitioner())
+    error = caught.value
+    assert "RecomposeMatmulPass failed: ValueError: a bug in a rewrite" in str(error)
+    assert error.locations and "torch.matmul(a, b)" in error.locations[0].code
