@@ -38,7 +38,7 @@ from openvino_backend.diagnostics import (
 )
 from openvino_backend.dynamic import is_bound_pad, pad_dynamic_outputs, restores_size
 from openvino_backend.fold import fold_constant_subgraphs
-from openvino_backend.guard import ensure_sole_backend
+from openvino_backend.guard import share_backend_name
 from openvino_backend.numerics import NumericalCheck, sample_values
 from openvino_backend.precision import (
     inference_precision,
@@ -116,7 +116,7 @@ class OpenvinoPartitioner(Partitioner):
         check_numerics: bool = True,
         sample_inputs: Sequence[object] | None = None,
     ) -> None:
-        ensure_sole_backend(OpenvinoBackend)
+        share_backend_name(OpenvinoBackend, PARTITION_KEY)
         self.compile_spec = list(compile_spec or [])
         _ensure_device(CompileOptions.from_specs(self.compile_spec).device)
         self.delegation_spec = DelegationSpec(OpenvinoBackend.__name__, self.compile_spec)
@@ -180,7 +180,7 @@ class OpenvinoPartitioner(Partitioner):
         return exported_program
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        ensure_sole_backend(OpenvinoBackend)
+        share_backend_name(OpenvinoBackend, PARTITION_KEY)
         _restore_real_state(exported_program, _take_state(self._real_states, exported_program))
         partitions, rejected = self.propose(exported_program)
         views, self._views = self._views, None

@@ -33,7 +33,7 @@ from openvino_backend.conversion_check import compile_key, take_over
 from openvino_backend.convert import conversion_error, convert
 from openvino_backend.diagnostics import CompileSpecError, NodeRef
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
-from openvino_backend.guard import ensure_sole_backend
+from openvino_backend.guard import share_backend_name, upstream_preprocess
 from openvino_backend.passes import prepare_for_frontend
 from openvino_backend.precision import PRECISIONS, openvino_core
 from openvino_backend.validate import (
@@ -91,7 +91,9 @@ class CompileOptions:
 class OpenvinoBackend(BackendDetails):
     @classmethod
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
-        ensure_sole_backend(cls)
+        share_backend_name(cls, PARTITION_KEY)
+        if (theirs := upstream_preprocess(compile_specs, PARTITION_KEY)) is not None:
+            return theirs(edge_program, compile_specs)  # ExecuTorch's own partitioner's partition
         options = CompileOptions.from_specs(compile_specs)
         input_orders, output_orders = edge_dim_orders(edge_program)
         # On the program ExecuTorch gives, before any pass: this check trusts no earlier step.

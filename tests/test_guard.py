@@ -1,4 +1,5 @@
-"""A second ``OpenvinoBackend`` class in the process is an error, never a fallback."""
+"""An unknown second ``OpenvinoBackend`` class in the process is an error, never a fallback
+(ExecuTorch's own is routed: ``tests/test_openvino_quantizer.py``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_second_backend_class_is_refused() -> None:
     assert result.returncode == 0, result.stderr
     assert "REFUSED" in result.stdout
     assert "__main__.OpenvinoBackend" in result.stdout
-    assert "keep executorch.backends.openvino out of the process" in result.stdout
+    assert "keep that module out of the process" in result.stdout
 
 
 def test_package_never_imports_upstream_backend() -> None:

@@ -1,0 +1,122 @@
+"""OpenVINO's own quantizer (``OpenVINOQuantizer``, through NNCF) with this backend, in one process.
+
+Importing the quantizer loads ExecuTorch's own ``OpenvinoBackend`` class; each
+partition must still be lowered by the preprocess of the partitioner that made
+it. Each case runs in a fresh interpreter, so that class never leaks into the
+other tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("nncf", reason="OpenVINOQuantizer needs nncf: pip install -e '.[quantize]'")
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import openvino_backend.preprocess as ours
+    from openvino_backend import OpenvinoPartitioner
+    from openvino_backend.quantize import quantize_openvino
+    from openvino_backend.verify import lower_exported, run_program
+    from bench.models import ResNet18, TransformerEncoder
+    from tests.harness import non_delegated_ops
+
+    lowered_here = []
+    validate = ours.validate_compiled
+    ours.validate_compiled = lambda *args, **kwargs: (lowered_here.append(1), validate(*args, **kwargs))[1]
+
+    name, mode, fold = sys.argv[1], sys.argv[2], sys.argv[3] == "fold"
+    build, draw = {
+        "resnet18": (ResNet18, lambda: torch.randn(1, 3, 224, 224)),
+        "encoder": (lambda: TransformerEncoder(width=32, depth=2, heads=2), lambda: torch.randn(1, 8, 32)),
+    }[name]
+    torch.manual_seed(0)
+    model, x = build().eval(), draw()
+    calibration = [(draw(),) for _ in range(4)]
+    if sys.argv[3] == "prepare-convert":  # the plain PT2E flow, OpenVINOQuantizer as any quantizer
+        from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        quantizer = OpenVINOQuantizer(mode=QuantizationMode[mode])
+        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
+        for inputs in calibration:
+            prepared(*inputs)
+        quantized = convert_pt2e(prepared)
+    else:
+        quantized = quantize_openvino(model, (x,), calibration, mode=mode, fold_quantize=fold)
+    assert "executorch.backends.openvino.preprocess" in sys.modules  # the other class is loaded
+    program = lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner())
+    assert non_delegated_ops(program) == [], non_delegated_ops(program)
+    assert lowered_here, "this package's preprocess did not lower its own partitioner's partitions"
+    for _ in range(2):
+        sample = draw()
+        (actual,) = run_program(program.buffer, [sample])
+        with torch.no_grad():
+            expected, float_ = quantized(sample), model(sample)
+        rms = lambda t: t.double().pow(2).mean().sqrt().item()
+        noise = rms(expected - float_)
+        assert rms(actual - expected) <= noise, (rms(actual - expected), noise)
+    print("LOWERED HERE", len(lowered_here))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "mode", "fold"),
+    [
+        ("resnet18", "INT8_SYM", "fold"),
+        ("resnet18", "INT8_MIXED", "no-fold"),
+        ("encoder", "INT8_TRANSFORMER", "fold"),
+        ("encoder", "INT8_MIXED", "no-fold"),
+        ("resnet18", "INT8_SYM", "prepare-convert"),
+    ],
+)
+def test_openvino_quantizer_lowers_with_this_backend(name: str, mode: str, fold: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, name, mode, fold], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "LOWERED HERE" in result.stdout
+
+
+def test_the_partitioner_decides_which_preprocess_lowers() -> None:
+    """With both classes loaded, ExecuTorch's own partitioner's partitions go to its own preprocess
+    and this package's to this package's, whichever class ExecuTorch's look-up picks."""
+    script = textwrap.dedent(
+        """
+        import torch
+        import openvino_backend.preprocess as ours
+        from executorch.backends.openvino import OpenvinoPartitioner as TheirPartitioner
+        from executorch.exir.backend.compile_spec_schema import CompileSpec
+        from openvino_backend import OpenvinoPartitioner
+        from openvino_backend.verify import lower_exported, run_program
+
+        lowered_here = []
+        validate = ours.validate_compiled
+        ours.validate_compiled = lambda *args, **kwargs: (lowered_here.append(1), validate(*args, **kwargs))[1]
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.sin(x) * 2
+
+        x = torch.randn(4, 4)
+        theirs = TheirPartitioner([CompileSpec("device", b"CPU")])
+        for partitioner, ours_expected in ((theirs, 0), (OpenvinoPartitioner(), 1)):
+            before = len(lowered_here)
+            program = lower_exported(torch.export.export(Model(), (x,)), partitioner=partitioner)
+            assert len(lowered_here) - before == ours_expected, (type(partitioner).__module__, lowered_here)
+            (y,) = run_program(program.buffer, [x])
+            torch.testing.assert_close(y, Model()(x), atol=2e-2, rtol=2e-2)  # bf16 on AMX / AVX512-BF16 CPUs
+        print("ROUTED")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "ROUTED" in result.stdout
