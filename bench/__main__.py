@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(tabulate(bench_dynamic(reps, iterations), headers=DYNAMIC_HEADERS))
     if not args.dynamic:
-        print(f"\nINT8 (PT2E, XNNPACKQuantizer) vs float, ms per call (median of {reps} x {iterations})")
+        print(f"\nINT8 (PT2E, XNNPACKQuantizer) vs float and vs XNNPACK, ms per call (median of {reps} x {iterations})")
         print(tabulate(bench_int8(reps, iterations), headers=INT8_HEADERS))
     if args.dynamic or args.int8:
         return 0

@@ -1,8 +1,10 @@
-"""INT8 (PT2E, ``XNNPACKQuantizer``) against the float lowering of the same model, side by side.
+"""INT8 (PT2E, ``XNNPACKQuantizer``) against the float lowering of the same model, and against
+ExecuTorch's XNNPACK backend running the same quantized program, side by side.
 
 For each model: latency of the float and the INT8 program at the same input,
-interleaved, and each one's max abs error against the float eager model (the
-INT8 program's also against the quantized eager model, its own reference).
+and of XNNPACK's lowering of the INT8 model, interleaved, and each one's max
+abs error against the float eager model (the INT8 programs' also against the
+quantized eager model, their own reference).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
 from bench.dynamic import _error, _Method, _ms
 from bench.models import ResidualCNN, ResNet18, TransformerEncoder
@@ -39,6 +42,9 @@ def bench_int8(reps: int, iterations: int) -> list[tuple]:
             "int8": _Method(
                 lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner()).buffer
             ),
+            "xnnpack int8": _Method(
+                lower_exported(torch.export.export(quantized, (x,)), partitioner=XnnpackPartitioner()).buffer
+            ),
         }
         with torch.no_grad():
             expected, expected_q = flatten_outputs(module(x)), flatten_outputs(quantized(x))
@@ -49,14 +55,18 @@ def bench_int8(reps: int, iterations: int) -> list[tuple]:
             for kind, method in programs.items():
                 times[kind].append(_ms(method, [x], iterations))
         speedup = statistics.median(f / i for f, i in zip(times["float"], times["int8"], strict=True))
+        vs_xnnpack = statistics.median(i / q for i, q in zip(times["int8"], times["xnnpack int8"], strict=True))
         int8_out = programs["int8"]([x])
+        xnnpack_out = programs["xnnpack int8"]([x])
         rows.append(
             (
                 name,
                 f"{statistics.median(times['float']):.3f} (err {_error(programs['float']([x]), expected):.2g})",
                 f"{statistics.median(times['int8']):.3f} (err {_error(int8_out, expected):.2g})",
                 f"{speedup:.2f}x",
-                f"{_error(int8_out, expected_q):.2g}",
+                f"{statistics.median(times['xnnpack int8']):.3f} (err {_error(xnnpack_out, expected):.2g})",
+                f"{vs_xnnpack:.2f}",
+                f"{_error(int8_out, expected_q):.2g} / {_error(xnnpack_out, expected_q):.2g}",
                 f"{_error(flatten_outputs(quantized(x)), expected):.2g}",
             )
         )
@@ -72,6 +82,8 @@ HEADERS = (
     "float ms (err vs float eager)",
     "int8 ms (err vs float eager)",
     "int8 speedup",
-    "int8 err vs quantized eager",
+    "xnnpack int8 ms (err vs float eager)",
+    "int8 ms ours / xnnpack",
+    "int8 err vs quantized eager (ours / xnnpack)",
     "quantized eager err vs float",
 )

@@ -34,9 +34,16 @@ from openvino_backend.loader import (
     sizes_to_run,
 )
 from openvino_backend.partitioner import OpenvinoPartitioner, PartitionReport
-from openvino_backend.precision import effective_dtype, inference_precision, openvino_version, unit_roundoff
+from openvino_backend.precision import (
+    PRECISIONS,
+    effective_dtype,
+    inference_precision,
+    openvino_version,
+    unit_roundoff,
+)
+from openvino_backend.preprocess import PRECISION_KEY
 from openvino_backend.probe import probe
-from openvino_backend.quantize import quantize_int8
+from openvino_backend.quantize import quantize_int8, quantize_openvino
 from openvino_backend.quiet import stderr
 from openvino_backend.verify import OutputCheck, check_run, declared_formats, lower_exported, resample
 
@@ -87,6 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
             help="quantize first (PT2E with ExecuTorch's XNNPACKQuantizer: int8 weights per channel, "
             "activations per tensor; calibrated on random draws); verify then compares with the "
             "quantized eager model and reports the float model's error beside it",
+        )
+        sub.add_argument(
+            "--quantizer",
+            choices=("xnnpack", "openvino"),
+            default="xnnpack",
+            help="with --int8: ExecuTorch's XNNPACKQuantizer (default) or OpenVINO's OpenVINOQuantizer "
+            "through NNCF (INT8_SYM; needs nncf)",
+        )
+        sub.add_argument(
+            "--precision",
+            choices=PRECISIONS,
+            help="the precision the target CPU computes float32 in (bf16 with AMX or AVX512-BF16, f32 "
+            "without): the numerical check compiles for it and judges by it; default: this machine's",
         )
         sub.add_argument("--debug", action="store_true", help="tracebacks and library logs")
 
@@ -159,9 +179,10 @@ class ModelResult:
 
 
 def _partitioner(args: argparse.Namespace) -> OpenvinoPartitioner:
-    return OpenvinoPartitioner(
-        [CompileSpec("device", args.device.encode())], check_by_conversion=not args.no_conversion_check
-    )
+    specs = [CompileSpec("device", args.device.encode())]
+    if args.precision is not None:
+        specs.append(CompileSpec(PRECISION_KEY, args.precision.encode()))
+    return OpenvinoPartitioner(specs, check_by_conversion=not args.no_conversion_check)
 
 
 def _dynamic_dims(model: LoadedModel, args: argparse.Namespace) -> list[DynamicDim]:
@@ -186,7 +207,8 @@ def _lower_one(
         if args.int8:
             generator = torch.Generator().manual_seed(getattr(args, "seed", 0))  # `lower` has no --seed
             calibration = [resample(model.inputs, generator) for _ in range(CALIBRATION_DRAWS)]
-            reference = quantize_int8(exported or model.module, model.inputs, calibration)
+            quantize = quantize_openvino if args.quantizer == "openvino" else quantize_int8
+            reference = quantize(exported or model.module, model.inputs, calibration)
             exported = torch.export.export(reference, tuple(model.inputs), dynamic_shapes=shapes)
         exported = exported or torch.export.export(model.module, model.inputs, dynamic_shapes=shapes)
         program = lower_exported(exported, partitioner=partitioner)
@@ -289,14 +311,16 @@ def _write(path: Path, buffer: bytes) -> None:
         raise UsageError(f"cannot write {path}: {error.strerror}") from error
 
 
-def _precision_line(device: str) -> str:
+def _precision_line(device: str, checked: str | None) -> str:
     computed = effective_dtype(torch.float32, device)
     u = unit_roundoff(computed)
     name = str(computed).removeprefix("torch.")
     how = "INFERENCE_PRECISION_HINT default" if computed != torch.float32 else "as the model"
+    target = f"; export checked for a target computing in {checked}" if checked is not None else ""
     return (
-        f"{device} computes float32 in {name} ({how}); tolerance per output: "
-        f"atol = 4·u·√terms·max(|expected|, 1), rtol = 4·u, u = {u:.2g}; integers and bools exactly"
+        f"{device} computes float32 in {name} ({how}){target}; tolerance per output: "
+        f"atol = 4·u·√terms·max(|expected|, 1), rtol = 4·u, u = {u:.2g}; integers and bools exactly; "
+        "quantized outputs within one quantization step"
     )
 
 
@@ -308,7 +332,8 @@ def _print_result(result: ModelResult, device: str, out: TextIO) -> None:
         return
     _print_partitions(result.report, out)
     print("  validation: passed (no partition output is fed by a partition input, converted and compiled)", file=out)
-    print(f"  precision: {_precision_line(device)}", file=out)
+    checked = result.report.precision if result.report is not None else None
+    print(f"  precision: {_precision_line(device, checked)}", file=out)
     if result.run_error is not None:
         print(f"  run failed: {result.run_error}", file=out)
     else:
@@ -384,6 +409,7 @@ def _model_json(result: ModelResult) -> dict[str, object]:
         if report is None
         else {
             "count": report.partitions,
+            "checked_precision": report.precision,
             "delegated_nodes": report.delegated_nodes,
             "total_nodes": report.total_nodes,
             "delegated_share": report.delegated_share,

@@ -15,6 +15,7 @@ from functools import lru_cache
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager, to_edge_transform_and_lower
 from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import Partitioner
 from executorch.runtime import Runtime
 
 from openvino_backend.partitioner import OpenvinoPartitioner
@@ -39,7 +40,7 @@ def lower(
 def lower_exported(
     exported: torch.export.ExportedProgram,
     *,
-    partitioner: OpenvinoPartitioner,
+    partitioner: Partitioner,
     compile_config: EdgeCompileConfig | None = None,
 ) -> ExecutorchProgramManager:
     edge = to_edge_transform_and_lower(exported, partitioner=[partitioner], compile_config=compile_config)

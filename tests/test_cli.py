@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from openvino_backend.cli import EXIT_MISMATCH, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
 from openvino_backend.probe import probe
 from openvino_backend.verify import run_program
+from tests.harness import TARGET_PRECISIONS
 
 
 def _run(args: list[str], capsys) -> tuple[int, str, str]:
@@ -41,6 +42,14 @@ def test_verify_text_names_precision_and_tolerance(capsys) -> None:
     assert code == EXIT_OK
     assert "precision: CPU computes float32 in" in out and "atol" in out
     assert "verdict: all outputs match eager" in out
+
+
+@pytest.mark.parametrize("precision", TARGET_PRECISIONS)
+def test_verify_says_which_precision_export_was_checked_for(precision, capsys) -> None:
+    code, out, _ = _run(["verify", "copy-of-input", "--draws", "1", "--precision", precision, "--json"], capsys)
+    assert code == EXIT_OK
+    (model,) = json.loads(out)["models"]
+    assert model["partitions"]["checked_precision"] == precision
 
 
 class CopyLeaves(torch.nn.Module):

@@ -120,3 +120,15 @@ def test_the_partitioner_decides_which_preprocess_lowers() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ROUTED" in result.stdout
+
+
+def test_verify_quantizes_with_openvino_s_quantizer() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "openvino_backend", "verify", "robot-policy", "--int8", "--quantizer", "openvino"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "verdict: all outputs match eager" in result.stdout
