@@ -207,6 +207,10 @@ def _lower_one(
         if args.int8:
             generator = torch.Generator().manual_seed(getattr(args, "seed", 0))  # `lower` has no --seed
             calibration = [resample(model.inputs, generator) for _ in range(CALIBRATION_DRAWS)]
+            if args.quantizer == "openvino" and not args.debug:
+                import nncf  # noqa: F401  (it sets up its own logger on import: quieted after)
+
+                logging.getLogger("nncf").setLevel(logging.ERROR)
             quantize = quantize_openvino if args.quantizer == "openvino" else quantize_int8
             reference = quantize(exported or model.module, model.inputs, calibration)
             exported = torch.export.export(reference, tuple(model.inputs), dynamic_shapes=shapes)

@@ -42,7 +42,7 @@ from openvino_backend.precision import (
     precision_name,
     supported_precisions,
 )
-from openvino_backend.quantized import is_quantize, quantizes, step_slack, within_steps
+from openvino_backend.quantized import is_quantize, quantizes, step_judges
 from openvino_backend.validate import user_input_nodes
 
 logger = logging.getLogger(__name__)
@@ -290,16 +290,16 @@ class NumericalCheck:
         if not failed:
             return None
         # A quantized value a step from PyTorch's is rounding too: judged in steps (quantized.py).
-        slack = step_slack(nodes, outputs, self.values, self._constants) if quantizes(nodes) else [None] * len(outputs)
+        judges = step_judges(nodes, outputs, self.values, self._constants) if quantizes(nodes) else []
         for index in failed:
             node, got, want, tolerance = outputs[index], actual[index], expected[index], tolerances[index]
-            if slack[index] is None or got.shape != want.shape:
+            judge = judges[index] if judges else None
+            if judge is None or got.shape != want.shape:
                 return Mismatch(node, _describe(got, want, tolerance, self.precision, confirm))
-            ok, share = within_steps(got, want, tolerance.atol, tolerance.rtol, slack[index])
-            logger.debug("%s: %.1f%% of elements a quantization step off (%s)", node.name, 100 * share, ok)
+            ok, how = judge.judge(got, want, tolerance.atol, tolerance.rtol)
+            logger.debug("%s: %s (%s)", node.name, how, "agrees" if ok else "disagrees")
             if not ok:
-                detail = _describe(got, want, tolerance, self.precision, confirm)
-                return Mismatch(node, f"{detail}, plus one quantization step ({share:.0%} of elements off by a step)")
+                return Mismatch(node, f"{_describe(got, want, tolerance, self.precision, confirm)}, {how}")
         return None
 
 

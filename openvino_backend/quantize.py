@@ -12,6 +12,9 @@ quantized model's own distance from the float model (``python -m bench``).
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -20,6 +23,8 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     get_symmetric_quantization_config,
 )
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+logger = logging.getLogger(__name__)
 
 
 def quantize_int8(
@@ -71,10 +76,14 @@ def quantize_openvino(
     if exported is None:
         exported = torch.export.export(module.eval(), tuple(example_inputs))
     samples = [tuple(inputs) for inputs in calibration]
-    return quantize_pt2e(
-        exported.module(),
-        OpenVINOQuantizer(mode=QuantizationMode[mode]),
-        calibration_dataset=nncf.Dataset(samples, lambda inputs: inputs),
-        subset_size=len(samples),
-        fold_quantize=fold_quantize,
-    )
+    progress = io.StringIO()  # NNCF draws progress bars on stdout; a library keeps stdout to its caller
+    with contextlib.redirect_stdout(progress):
+        quantized = quantize_pt2e(
+            exported.module(),
+            OpenVINOQuantizer(mode=QuantizationMode[mode]),
+            calibration_dataset=nncf.Dataset(samples, lambda inputs: inputs),
+            subset_size=len(samples),
+            fold_quantize=fold_quantize,
+        )
+    logger.debug("NNCF: %s", progress.getvalue().strip())
+    return quantized

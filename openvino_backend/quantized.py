@@ -6,22 +6,28 @@ PyTorch half to even), so a quantized value one step from PyTorch's is what
 any correct engine produces, XNNPACK included. Comparing such values at float
 tolerances refuses every INT8 model on some CPUs and none on others.
 
-The unit of agreement is therefore the quantization step. This module
-measures, for each output of a partition, how far that output moves when
-every quantized activation it reads moves by one step (PyTorch, rerunning the
-partition's nodes with every activation ``quantize`` shifted by +1 and by -1,
-clamped to its range): for a dequantize at the edge that is exactly one step,
-for a value computed from dequantized values it is the computation's own
-sensitivity. Weights are not shifted: they are stored values, not computed.
+The unit of agreement is therefore the quantization step, measured by
+PyTorch itself, rerunning the partition's nodes with its activation
+quantizes changed (weights are stored values, never changed):
 
-A shifted rounding moves some elements, not all: a result off by a step
-almost everywhere (a zero point or a scale applied wrongly) is not rounding,
-and ``within_steps`` refuses it however small the step.
+* an output that is a quantized value (a quantize or a dequantize, or one
+  moved by ops that only move values) may be one step off, elementwise
+  (every quantize shifted by +1 and by -1, clamped to its range, says how far
+  a step is), in at most half of its elements: a result off by a step almost
+  everywhere (a zero point or a scale applied wrongly) is not rounding;
+* a float computed from dequantized values, which a single flip upstream can
+  move everywhere, may be as far from PyTorch's as PyTorch's own result is
+  when every quantized value near a rounding tie (within ``TIE_WINDOW`` of a
+  step) rounds the other way: no further in RMS, and no element further than
+  the furthest of those.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -46,69 +52,143 @@ def quantizes(nodes: Sequence[torch.fx.Node]) -> bool:
     return any(is_quantize(node) for node in nodes)
 
 
-def step_slack(
+@dataclass(frozen=True)
+class StepJudge:
+    """How one output of a quantized partition is judged: ``kind`` ``value`` or ``computed``
+    (module doc), ``slack`` how far from PyTorch's a correct result may be, elementwise."""
+
+    kind: str
+    slack: torch.Tensor
+
+    def judge(self, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> tuple[bool, str]:
+        """Whether ``got`` is ``want`` up to rounding (``atol``, ``rtol``) and quantization; and how."""
+        diff = (got.double() - want.double()).abs().nan_to_num(nan=math.inf)
+        rounding = atol + rtol * want.double().abs()
+        if self.kind == "value":
+            stepped = diff > rounding
+            share = float(stepped.double().mean()) if stepped.numel() else 0.0
+            ok = bool((diff <= rounding + self.slack).all()) and share <= MAX_SHIFTED_SHARE
+            return ok, f"plus one quantization step ({share:.0%} of elements off by a step)"
+        error, moved = _rms(diff), _rms(self.slack)
+        ok = error <= moved + _rms(rounding) and bool((diff <= rounding + float(self.slack.max())).all())
+        return ok, (
+            f"plus quantization: RMS error {error:.3g}, where quantized values near a rounding tie "
+            f"rounding the other way move PyTorch's own result by {moved:.3g} (RMS)"
+        )
+
+
+def step_judges(
     nodes: Sequence[torch.fx.Node],
     outputs: Sequence[torch.fx.Node],
     values: Mapping[torch.fx.Node, object],
     constants: frozenset[torch.fx.Node] = frozenset(),
-) -> list[torch.Tensor | None]:
-    """Per output, elementwise: how far it moves when every quantized activation moves a step.
+) -> list[StepJudge | None]:
+    """Per output, how it is judged (None: no activation quantize reaches it).
 
     ``nodes`` are the partition's, in graph order; ``values`` every node's
-    value in PyTorch; a quantize of one of ``constants`` (a weight) is not
-    shifted. None for an output no shifted quantize reaches.
+    value in PyTorch; a quantize of one of ``constants`` (a weight) is left alone.
     """
-    shifted = [_rerun(nodes, values, constants, shift) for shift in (1, -1)]
-    slack: list[torch.Tensor | None] = []
+    shifted = [_rerun(nodes, values, constants, partial(_shift, by=by)) for by in (1, -1)]
+    flipped = _rerun(nodes, values, constants, _flip_near_ties)
+    judges: list[StepJudge | None] = []
     for node in outputs:
         want = values[node]
-        moved = [run[node] for run in shifted if node in run]
-        if not moved or not isinstance(want, torch.Tensor):
-            slack.append(None)
-            continue
-        deltas = [(m.double() - want.double()).abs() for m in moved]
-        slack.append(torch.stack(deltas).amax(0).nan_to_num(nan=0.0, posinf=0.0))
-    return slack
+        if not isinstance(want, torch.Tensor) or node not in flipped:
+            judges.append(None)
+        elif _quantized_value(node):
+            deltas = [(run[node].double() - want.double()).abs() for run in shifted if node in run]
+            judges.append(StepJudge("value", torch.stack(deltas).amax(0).nan_to_num(nan=0.0, posinf=0.0)))
+        else:
+            delta = (flipped[node].double() - want.double()).abs().nan_to_num(nan=0.0, posinf=0.0)
+            judges.append(StepJudge("computed", delta))
+    return judges
 
 
-def within_steps(
-    got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, slack: torch.Tensor
-) -> tuple[bool, float]:
-    """Whether ``got`` is ``want`` up to rounding (``atol``, ``rtol``) and a step's ``slack``;
-    and the share of elements that needed the step."""
-    diff = (got.double() - want.double()).abs()
-    rounding = atol + rtol * want.double().abs()
-    stepped = diff > rounding
-    share = float(stepped.double().mean()) if stepped.numel() else 0.0
-    ok = bool((diff <= rounding + slack).all()) and share <= MAX_SHIFTED_SHARE
-    return ok, share
+# Ops that only move, select or copy values: a quantized value stays one through them.
+_MOVES_VALUES = (
+    "aten.view",
+    "aten.reshape",
+    "aten._unsafe_view",
+    "aten.permute",
+    "aten.transpose",
+    "aten.t.",
+    "aten.squeeze",
+    "aten.unsqueeze",
+    "aten.expand",
+    "aten.slice",
+    "aten.select",
+    "aten.clone",
+    "aten.alias",
+    "aten.flatten",
+    "dim_order_ops._clone_dim_order",
+)
+_DEQUANTIZE = "quantized_decomposed.dequantize_per_"
+# Quantized values this close to a rounding tie (in steps) may round either way in a correct engine.
+TIE_WINDOW = 0.25
+
+
+def _quantized_value(node: torch.fx.Node) -> bool:
+    while node.op == "call_function" and op_name(node).startswith(_MOVES_VALUES):
+        node = node.args[0]
+    return node.op == "call_function" and (is_quantize(node) or op_name(node).startswith(_DEQUANTIZE))
 
 
 def _rerun(
     nodes: Sequence[torch.fx.Node],
     values: Mapping[torch.fx.Node, object],
     constants: frozenset[torch.fx.Node],
-    shift: int,
+    change: Callable[[torch.fx.Node, tuple, torch.Tensor], torch.Tensor],
 ) -> dict[torch.fx.Node, object]:
-    """The values ``nodes`` compute in PyTorch with each activation quantize shifted by ``shift``;
-    only the nodes a shift reaches."""
+    """The values ``nodes`` compute in PyTorch with each activation quantize's result changed by
+    ``change``; only the nodes a change reaches."""
     changed: dict[torch.fx.Node, object] = {}
     for node in nodes:
         if node.op != "call_function":
             continue
-        name = op_name(node)
-        reads_shifted = any(n in changed for n in node.all_input_nodes)
-        shifts_here = name in _QUANTIZE and node.args[0] not in constants
-        if not (reads_shifted or shifts_here):
+        reads_changed = any(n in changed for n in node.all_input_nodes)
+        changes_here = is_quantize(node) and node.args[0] not in constants
+        if not (reads_changed or changes_here):
             continue
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: changed.get(n, values[n]))
         with torch.no_grad():
             result = node.target(*args, **kwargs)
-        if shifts_here:
-            low, high = _quant_range(node, result.dtype)
-            result = (result.to(torch.int64) + shift).clamp(low, high).to(result.dtype)
-        changed[node] = result
+        changed[node] = change(node, args, result) if changes_here else result
     return changed
+
+
+def _shift(node: torch.fx.Node, args: tuple, result: torch.Tensor, *, by: int) -> torch.Tensor:
+    low, high = _quant_range(node, result.dtype)
+    return (result.to(torch.int64) + by).clamp(low, high).to(result.dtype)
+
+
+def _flip_near_ties(node: torch.fx.Node, args: tuple, result: torch.Tensor) -> torch.Tensor:
+    """``result`` with each value whose unrounded form lies near a tie rounded the other way."""
+    unrounded = _unrounded(node, args)
+    if unrounded is None:
+        return result
+    near = (unrounded - unrounded.floor() - 0.5).abs() < TIE_WINDOW
+    rounded = result.to(torch.float64)
+    other = torch.where(rounded > unrounded, unrounded.floor(), unrounded.ceil())
+    low, high = _quant_range(node, result.dtype)
+    return torch.where(near, other, rounded).clamp(low, high).to(result.dtype)
+
+
+def _unrounded(node: torch.fx.Node, args: tuple) -> torch.Tensor | None:
+    """What a quantize rounds: ``input / scale + zero_point``, in float64."""
+    x, scale, zero_point = args[0], args[1], args[2]
+    if not isinstance(x, torch.Tensor):
+        return None
+    scale = torch.as_tensor(scale, dtype=torch.float64)
+    zero_point = torch.as_tensor(zero_point, dtype=torch.float64)
+    if op_name(node) == "quantized_decomposed.quantize_per_channel.default":
+        axis = int(args[3]) % x.dim()
+        shape = [-1 if d == axis else 1 for d in range(x.dim())]
+        scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
+    return x.double() / scale + zero_point
+
+
+def _rms(t: torch.Tensor) -> float:
+    return float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0
 
 
 def _quant_range(node: torch.fx.Node, dtype: torch.dtype) -> tuple[int, int]:

@@ -17,7 +17,7 @@ import openvino_backend.numerics as numerics
 from openvino_backend import CompileSpecError, CpuKernelError, OpenvinoPartitioner
 from openvino_backend.boundary import PartitionView, keep_quantize_pairs_together
 from openvino_backend.diagnostics import op_name
-from openvino_backend.quantized import MAX_SHIFTED_SHARE, is_quantize, within_steps
+from openvino_backend.quantized import MAX_SHIFTED_SHARE, StepJudge, is_quantize
 from openvino_backend.verify import lower_exported, run_program
 from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
 
@@ -28,9 +28,22 @@ class RoundTrip(torch.nn.Module):
     """Quantize, dequantize, compute on: the dequantized value feeds arithmetic, as in PT2E graphs."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = torch.ops.quantized_decomposed.quantize_per_tensor(x, SCALE, ZERO_POINT, -128, 127, torch.int8)
-        y = torch.ops.quantized_decomposed.dequantize_per_tensor(q, SCALE, ZERO_POINT, -128, 127, torch.int8)
-        return y * 2 + x
+        return _round_trip(x) * 2 + x
+
+
+class Dequantized(torch.nn.Module):
+    """The dequantized value itself leaves: a quantized value at the edge."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _round_trip(x).reshape(-1)
+
+
+def _round_trip(x: torch.Tensor) -> torch.Tensor:
+    q = torch.ops.quantized_decomposed.quantize_per_tensor(x, SCALE, ZERO_POINT, -128, 127, torch.int8)
+    return torch.ops.quantized_decomposed.dequantize_per_tensor(q, SCALE, ZERO_POINT, -128, 127, torch.int8)
+
+
+MODELS = {"computed": (RoundTrip, 2 * SCALE), "value": (Dequantized, SCALE)}  # and one step at the output
 
 
 def ties() -> torch.Tensor:
@@ -38,54 +51,71 @@ def ties() -> torch.Tensor:
     return (torch.arange(-40, 40, dtype=torch.float32) * SCALE / 2).reshape(8, 10)
 
 
+@pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("precision", TARGET_PRECISIONS)
-def test_a_step_at_a_rounding_tie_is_agreement(precision) -> None:
+def test_a_step_at_a_rounding_tie_is_agreement(precision, kind) -> None:
+    model, step = MODELS[kind][0](), MODELS[kind][1]
     x = ties()
     partitioner = partitioner_for(precision, sample_inputs=(x,))
-    program = lower_exported(torch.export.export(RoundTrip(), (x,)), partitioner=partitioner)
+    program = lower_exported(torch.export.export(model, (x,)), partitioner=partitioner)
     assert non_delegated_ops(program) == [], partitioner.report.kept_out
     assert partitioner.report.precision == precision
     (actual,) = run_program(program.buffer, [x])
-    expected = RoundTrip()(x)
-    # The case is real: OpenVINO rounds some ties the other way (a step, doubled by `* 2`) ...
+    expected = model(x)
+    # The case is real: OpenVINO rounds some ties the other way ...
     off = (actual - expected).abs()
     assert off.max() > 0
-    # ... and never further than that.
-    assert off.max() <= 2 * SCALE + 1e-2
+    # ... and never further than a step.
+    assert off.max() <= step + 1e-2
 
 
+@pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("precision", TARGET_PRECISIONS)
-def test_a_zero_point_applied_off_by_one_is_refused(precision, monkeypatch) -> None:
+def test_a_zero_point_applied_off_by_one_is_refused(precision, kind, monkeypatch) -> None:
     """OpenVINO's outputs shifted by one step everywhere, as a wrong zero point would shift them."""
+    model, step = MODELS[kind][0](), MODELS[kind][1]
     run = numerics.run_like_runtime
 
     def off_by_a_step(compiled, feeds, expected):
         outputs, overwritten = run(compiled, feeds, expected)
-        return [out + 2 * SCALE for out in outputs], overwritten
+        return [out + step for out in outputs], overwritten
 
     monkeypatch.setattr(numerics, "run_like_runtime", off_by_a_step)
     x = torch.randn(8, 10)
     partitioner = partitioner_for(precision, sample_inputs=(x,), fold_constants=False)
     with pytest.raises(CpuKernelError):  # refused, the quantize / dequantize pair has no CPU kernel
-        lower_exported(torch.export.export(RoundTrip(), (x,)), partitioner=partitioner)
+        lower_exported(torch.export.export(model, (x,)), partitioner=partitioner)
     assert partitioner.numerical_check is not None
     assert partitioner.numerical_check.narrowed, "the shifted result was taken for rounding"
     _, detail = partitioner.numerical_check.narrowed[0]
-    assert "quantization step" in detail and "100% of elements" in detail
+    # Narrowed to the dequantize, judged as the quantized value it is: off by a step everywhere.
+    assert "100% of elements off by a step" in detail, detail
 
 
-def test_steps_are_counted_elementwise_and_by_share() -> None:
-    want = torch.zeros(100)
-    slack = torch.full((100,), 0.5)
+def test_a_value_is_judged_by_the_step_and_the_share_of_elements_off() -> None:
+    want, judge = torch.zeros(100), StepJudge("value", torch.full((100,), 0.5))
     a_few = want.clone()
     a_few[:10] = 0.5  # ten ties rounded the other way
-    assert within_steps(a_few, want, 1e-6, 1e-6, slack) == (True, 0.1)
+    assert judge.judge(a_few, want, 1e-6, 1e-6)[0]
     two_steps = want.clone()
     two_steps[0] = 1.0
-    assert not within_steps(two_steps, want, 1e-6, 1e-6, slack)[0]
-    everywhere = want + 0.5
-    ok, share = within_steps(everywhere, want, 1e-6, 1e-6, slack)
-    assert share == 1.0 > MAX_SHIFTED_SHARE and not ok
+    assert not judge.judge(two_steps, want, 1e-6, 1e-6)[0]
+    assert not judge.judge(want + 0.5, want, 1e-6, 1e-6)[0]  # a step everywhere: not rounding
+    assert MAX_SHIFTED_SHARE == 0.5
+
+
+def test_a_computed_value_is_judged_against_pytorch_s_own_spread() -> None:
+    want = torch.zeros(100)
+    slack = torch.zeros(100)
+    slack[::2] = 0.1  # ties rounding the other way move half the elements by 0.1
+    judge = StepJudge("computed", slack)
+    spread = want.clone()
+    spread[:20] = 0.1  # fewer elements moved than PyTorch's own spread
+    assert judge.judge(spread, want, 1e-6, 1e-6)[0]
+    assert not judge.judge(want + 0.1, want, 1e-6, 1e-6)[0]  # every element moved: further in RMS
+    too_far = want.clone()
+    too_far[0] = 0.3  # one element further than any tie moves one
+    assert not judge.judge(too_far, want, 1e-6, 1e-6)[0]
 
 
 def test_an_unknown_precision_is_refused_naming_the_known_ones() -> None:
