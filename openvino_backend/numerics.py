@@ -249,10 +249,10 @@ class NumericalCheck:
             return None
         # Rounding, or a wrong result? f32 at a relative error of F32_ERROR tells them apart.
         f32 = self._properties if self._computes_in == "f32" else {"INFERENCE_PRECISION_HINT": "f32"}
-        if self._compare(partition, feeds, expected, nodes, outputs, orders, f32, confirm=True) is None:
+        confirmed = self._compare(partition, feeds, expected, nodes, outputs, orders, f32, confirm=True)
+        if confirmed is None:
             logger.debug("%s: within rounding once computed in f32 (%s)", found.node.name, found.detail)
-            return None
-        return found
+        return confirmed  # its detail is the one that decides
 
     def _compare(
         self,
@@ -289,8 +289,10 @@ class NumericalCheck:
         failed = [i for i, (got, want) in pairs if not tolerances[i].check(got, want)]
         if not failed:
             return None
-        # A quantized value a step from PyTorch's is rounding too: judged in steps (quantized.py).
-        judges = step_judges(nodes, outputs, self.values, self._constants) if quantizes(nodes) else []
+        # A quantized value a step from PyTorch's is rounding too: judged in steps (quantized.py), once
+        # computed in f32 (a reduced precision's own rounding would blur a step).
+        in_f32 = confirm or self._computes_in == "f32"
+        judges = step_judges(nodes, outputs, self.values, self._constants) if in_f32 and quantizes(nodes) else []
         for index in failed:
             node, got, want, tolerance = outputs[index], actual[index], expected[index], tolerances[index]
             judge = judges[index] if judges else None
