@@ -22,6 +22,7 @@ import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from tabulate import tabulate
 
+from openvino_backend.compile_spec import PRECISION_KEY
 from openvino_backend.diagnostics import OpenvinoExportError
 from openvino_backend.loader import (
     DynamicDim,
@@ -41,7 +42,6 @@ from openvino_backend.precision import (
     openvino_version,
     unit_roundoff,
 )
-from openvino_backend.preprocess import PRECISION_KEY
 from openvino_backend.probe import probe
 from openvino_backend.quantize import quantize_int8, quantize_openvino
 from openvino_backend.quiet import stderr

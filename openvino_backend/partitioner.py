@@ -24,6 +24,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 
 from openvino_backend.boundary import DEFAULT_RULES, BoundaryRule, PartitionView, is_getitem, unbindable
+from openvino_backend.compile_spec import HANDOVER_KEY, PARTITION_KEY, CompileOptions
 from openvino_backend.conversion_check import hand_over, keep_converted_passthroughs_out
 from openvino_backend.cpu_kernels import ensure_cpu_runnable
 from openvino_backend.diagnostics import (
@@ -48,7 +49,7 @@ from openvino_backend.precision import (
     precision_name,
     warn_if_reduced,
 )
-from openvino_backend.preprocess import HANDOVER_KEY, PARTITION_KEY, CompileOptions, OpenvinoBackend
+from openvino_backend.preprocess import OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport, openvino_supported_ops
 
 logger = logging.getLogger(__name__)

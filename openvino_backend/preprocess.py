@@ -19,7 +19,6 @@ runtime finds its C++ half by that name.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import final
 
 import openvino as ov
@@ -29,13 +28,14 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
 from openvino_backend.boundary import non_default_dim_order
+from openvino_backend.compile_spec import PARTITION_KEY, CompileOptions
 from openvino_backend.conversion_check import compile_key, take_over
 from openvino_backend.convert import conversion_error, convert
-from openvino_backend.diagnostics import CompileSpecError, NodeRef
+from openvino_backend.diagnostics import NodeRef
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import share_backend_name, upstream_preprocess
 from openvino_backend.passes import prepare_for_frontend
-from openvino_backend.precision import PRECISIONS, openvino_core
+from openvino_backend.precision import openvino_core
 from openvino_backend.validate import (
     output_nodes,
     user_input_nodes,
@@ -46,45 +46,6 @@ from openvino_backend.validate import (
 )
 
 logger = logging.getLogger(__name__)
-
-# Compile-spec key the partitioner adds so errors can name the partition. The
-# runtime reads only "device" and ignores other keys.
-PARTITION_KEY = "openvino_backend.partition"
-# And the handle under which the partitioner's checks left their conversion of the partition.
-HANDOVER_KEY = "openvino_backend.handover"
-DEVICE_KEY = "device"
-# The precision the target CPU will compute f32 partitions in (f32, bf16, f16): what the numerical
-# check compiles for and judges by. Not a property of the blob: the runtime imports it with none.
-PRECISION_KEY = "inference_precision"
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    device: str = "CPU"
-    partition: int | None = None
-    handover: str | None = None
-    precision: str | None = None  # None: this machine's default for the device
-    properties: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_specs(cls, specs: list[CompileSpec]) -> CompileOptions:
-        values = {spec.key: bytes(spec.value).decode().rstrip("\0") for spec in specs}
-        partition = values.pop(PARTITION_KEY, None)
-        precision = values.pop(PRECISION_KEY, None)
-        if precision is not None and precision not in PRECISIONS:
-            raise CompileSpecError(
-                summary=f"unknown {PRECISION_KEY} {precision!r} in the compile spec",
-                why=f"OpenVINO computes f32 models in one of: {', '.join(PRECISIONS)}",
-                fix=f'CompileSpec("{PRECISION_KEY}", b"f32") for a CPU without AMX or AVX512-BF16,\n'
-                f'CompileSpec("{PRECISION_KEY}", b"bf16") for one with',
-            )
-        return cls(
-            device=values.pop(DEVICE_KEY, "CPU"),
-            partition=int(partition) if partition is not None else None,
-            handover=values.pop(HANDOVER_KEY, None),
-            precision=precision,
-            properties=values,
-        )
 
 
 @final
