@@ -13,6 +13,8 @@ from openvino_backend.verify import lower_exported, run_program
 from tests.dynamic_models import SmallCNN
 from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
 
+pytestmark = pytest.mark.slow  # quantizes and lowers real CNNs and encoders, per precision
+
 
 def quantize(module: torch.nn.Module, example: torch.Tensor, *, per_channel: bool, fold: bool) -> torch.nn.Module:
     torch.manual_seed(0)

@@ -16,6 +16,9 @@ import pytest
 
 pytest.importorskip("nncf", reason="OpenVINOQuantizer needs nncf: pip install -e '.[quantize]'")
 
+pytestmark = pytest.mark.slow  # NNCF calibration and ResNet-18 in fresh interpreters
+
+
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -67,7 +70,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "mode", "fold"),
     [
