@@ -26,6 +26,7 @@ from openvino_backend.diagnostics import OpenvinoExportError, op_name
 from openvino_backend.dynamic import is_bound_pad
 from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.passes import prepare_for_frontend
+from openvino_backend.timing import timed
 from openvino_backend.validate import find_passthroughs, find_type_mismatches, output_nodes, user_input_nodes
 
 logger = logging.getLogger(__name__)
@@ -161,6 +162,7 @@ def converted(part: PartitionView) -> ConvertedPartition:
     return result
 
 
+@timed("conversion_check")
 def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Rejection]:
     """Outputs OpenVINO would feed straight from a Parameter, found by converting the partition."""
     try:

@@ -43,6 +43,7 @@ from openvino_backend.precision import (
     supported_precisions,
 )
 from openvino_backend.quantized import is_quantize, quantizes, step_judges
+from openvino_backend.timing import timed
 from openvino_backend.validate import user_input_nodes
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ _INDEX_OPS = {
 }
 
 
+@timed("numerical_check")
 def sample_values(
     program: ExportedProgram, sample_inputs: Sequence[object] | None = None, *, seed: int = 0
 ) -> SampleValues | None:
@@ -197,6 +199,7 @@ class NumericalCheck:
         self.narrowed: list[tuple[str, str]] = []  # (op, why) of each node the check kept out
         self.unchecked = 0  # partitions the check could not run
 
+    @timed("numerical_check")
     def __call__(self, part: PartitionView) -> Iterator[Rejection]:
         nodes = part.ordered()
         try:

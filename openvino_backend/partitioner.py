@@ -51,6 +51,7 @@ from openvino_backend.precision import (
 )
 from openvino_backend.preprocess import OpenvinoBackend
 from openvino_backend.support import OPS_TO_NOT_DECOMPOSE, OpenvinoOperatorSupport, openvino_supported_ops
+from openvino_backend.timing import timed
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,7 @@ class OpenvinoPartitioner(Partitioner):
         self._kept_whole = frozenset(names[op] for op in kept)
         return kept, None
 
+    @timed("pre_decomposition")
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         """Fold constant subgraphs (``fold.py``) and route dynamic outputs through ``pad_to_bound``
         (``dynamic.py``); a new program if either changes anything."""
@@ -180,6 +182,7 @@ class OpenvinoPartitioner(Partitioner):
         self._real_states.append(dict(exported_program.state_dict))
         return exported_program
 
+    @timed("partition")
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         share_backend_name(OpenvinoBackend, PARTITION_KEY)
         _restore_real_state(exported_program, _take_state(self._real_states, exported_program))

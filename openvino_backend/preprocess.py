@@ -36,6 +36,7 @@ from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.guard import share_backend_name, upstream_preprocess
 from openvino_backend.passes import prepare_for_frontend
 from openvino_backend.precision import openvino_core
+from openvino_backend.timing import stage, timed
 from openvino_backend.validate import (
     output_nodes,
     user_input_nodes,
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 @final
 class OpenvinoBackend(BackendDetails):
     @classmethod
+    @timed("preprocess")
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         share_backend_name(cls, PARTITION_KEY)
         if (theirs := upstream_preprocess(compile_specs, PARTITION_KEY)) is not None:
@@ -64,33 +66,40 @@ class OpenvinoBackend(BackendDetails):
             graph_module, model = handed.graph_module, handed.model
         else:
             graph_module = run_passes(edge_program).module()
-            model = convert(graph_module, partition=options.partition)
-        validate_output_types(model, graph_module, partition=options.partition)
+            with stage("convert"):
+                model = convert(graph_module, partition=options.partition)
+        with stage("validate_output_types"):
+            validate_output_types(model, graph_module, partition=options.partition)
         if handed is None and any(order is not None for order in (*input_orders, *output_orders)):
             readers, writers = edge_nodes(graph_module)
-            adapt_edge_layouts(
-                model,
-                input_orders,
-                output_orders,
-                partition=options.partition,
-                input_nodes=readers,
-                output_nodes=writers,
-            )
+            with stage("adapt_edge_layouts"):
+                adapt_edge_layouts(
+                    model,
+                    input_orders,
+                    output_orders,
+                    partition=options.partition,
+                    input_nodes=readers,
+                    output_nodes=writers,
+                )
         # After the layouts: an input copied to an output in another dim order is a real transpose.
-        validate_model(model, graph_module, partition=options.partition)
+        with stage("validate_model"):
+            validate_model(model, graph_module, partition=options.partition)
         compiled = handed.compiled.get(compile_key(options.device, options.properties)) if handed else None
         if compiled is None:
             compiled = compile_model(model, options, graph_module)
-        validate_compiled(compiled, graph_module, partition=options.partition)
+        with stage("validate_compiled"):
+            validate_compiled(compiled, graph_module, partition=options.partition)
         return PreprocessResult(processed_bytes=compiled.export_model().getvalue())
 
 
+@timed("run_passes")
 def run_passes(program: ExportedProgram) -> ExportedProgram:
     """Rewrite dim-order ops to aten and fix floor division, for the frontend."""
     program._graph_module = prepare_for_frontend(program.graph_module)
     return program
 
 
+@timed("edge_dim_orders")
 def edge_dim_orders(program: ExportedProgram) -> tuple[list[DimOrder | None], list[DimOrder | None]]:
     """The dim order of each partition input and output whose layout is not contiguous.
 
@@ -117,6 +126,7 @@ def edge_nodes(graph_module: torch.fx.GraphModule) -> tuple[list[tuple[NodeRef, 
     return readers, writers
 
 
+@timed("compile_model")
 def compile_model(model: ov.Model, options: CompileOptions, graph_module: torch.fx.GraphModule) -> ov.CompiledModel:
     try:
         return openvino_core().compile_model(model, options.device, options.properties)
