@@ -20,7 +20,7 @@ from torch.export import Dim
 
 from openvino_backend import OpenvinoPartitioner
 from openvino_backend.verify import flatten_outputs, lower_exported, runtime
-from tests.dynamic_models import Decoder, Policy, SmallCNN
+from zoo import Decoder, Policy, SmallCNN
 
 # name: (model, input at a size, dynamic dim, range, example size)
 MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], torch.Tensor], int, Dim, int]] = {

@@ -16,10 +16,10 @@ import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
 from bench.dynamic import _error, _Method, _ms
-from bench.models import ResidualCNN, ResNet18, TransformerEncoder
 from openvino_backend import OpenvinoPartitioner
 from openvino_backend.quantize import quantize_int8
 from openvino_backend.verify import flatten_outputs, lower_exported
+from zoo import ResidualCNN, ResNet18, TransformerEncoder
 
 MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor]]] = {
     "resnet-18 (224x224)": (ResNet18, lambda: torch.randn(1, 3, 224, 224)),

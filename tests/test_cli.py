@@ -170,7 +170,7 @@ def test_console_script_entry_point_lists_commands() -> None:
 
 def test_verify_dynamic_dim_runs_at_both_ends_and_the_example(capsys) -> None:
     code, out, _ = _run(
-        ["verify", "tests.dynamic_models:SmallCNN", "--input-shape", "2,3,16,16", "--dynamic", "0.0=1:8", "--json"],
+        ["verify", "zoo:SmallCNN", "--input-shape", "2,3,16,16", "--dynamic", "0.0=1:8", "--json"],
         capsys,
     )
     assert code == EXIT_OK, out
@@ -196,7 +196,7 @@ def test_verify_dynamic_pt2_keeps_its_dims_and_runs_at_given_sizes(tmp_path: Pat
     [["--dynamic", "0.0=9:1"], ["--dynamic", "nonsense"], ["--dynamic", "3.0=1:8"], ["--dynamic", "0.0=3:8"]],
 )
 def test_bad_dynamic_dims_are_usage_errors(flags: list[str], capsys) -> None:
-    code, _, err = _run(["verify", "tests.dynamic_models:MLP", "--input-shape", "2,16", *flags], capsys)
+    code, _, err = _run(["verify", "zoo:MLP", "--input-shape", "2,16", *flags], capsys)
     assert code == EXIT_USAGE and "--dynamic" in err
 
 

@@ -8,7 +8,7 @@ from torch.export import Dim
 
 from openvino_backend import DimOrderError, EdgeTensorError, OpenvinoPartitioner
 from openvino_backend.verify import check_run, delegate_ids, lower_exported, run_program
-from tests.dynamic_models import MLP, Decoder, Policy, SmallCNN
+from zoo import MLP, Decoder, Policy, SmallCNN
 
 BATCH = Dim("batch", min=1, max=8)
 SEQ = Dim("seq", min=2, max=32)
@@ -97,7 +97,7 @@ def test_preprocess_refuses_a_dynamic_output_on_its_own() -> None:
         lower_exported(_export(module, torch.randn(2, 3, 16, 16)), partitioner=partitioner)
     text = str(caught.value)
     assert "dynamic shape" in text and "does not resize" in text
-    assert "dynamic_models.py" in text, text  # the user's line, not torch's module source
+    assert "zoo.py" in text, text  # the user's line, not torch's module source
 
 
 class FullReduction(torch.nn.Module):

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import openvino_backend.preprocess as preprocess
-from bench.models import TransformerEncoder
 from openvino_backend import CpuKernelError, OpenvinoPartitioner
 from openvino_backend.quantize import quantize_int8
 from openvino_backend.verify import lower_exported, run_program
-from tests.dynamic_models import SmallCNN
 from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
+from zoo import SmallCNN, TransformerEncoder
 
 pytestmark = pytest.mark.slow  # quantizes and lowers real CNNs and encoders, per precision
 

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     from openvino_backend import OpenvinoPartitioner
     from openvino_backend.quantize import quantize_openvino
     from openvino_backend.verify import lower_exported, run_program
-    from bench.models import ResNet18, TransformerEncoder
+    from zoo import ResNet18, TransformerEncoder
     from tests.harness import non_delegated_ops
 
     lowered_here = []

@@ -12,7 +12,7 @@ from torch.export import Dim
 from openvino_backend import OpenvinoPartitioner
 from openvino_backend.passes import prepare_for_frontend
 from openvino_backend.verify import check_run, lower_exported
-from tests.dynamic_models import Policy
+from zoo import Policy
 
 BATCH = Dim("batch", min=1, max=8)
 _EDGE = exir_ops.edge.aten
