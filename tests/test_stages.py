@@ -1,0 +1,90 @@
+"""The stages one by one, on small FX graphs, without lowering: the fast inner loop's tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openvino_backend.boundary import PartitionView, keep_boundary_copies_out, keep_unbindable_tensors_out
+from openvino_backend.cpu_kernels import cpu_problem
+from openvino_backend.dynamic import pad_to_bound
+from openvino_backend.fold import MAX_FOLDED_BYTES, fold_constant_subgraphs, mutated_in_place
+from openvino_backend.loader import DynamicDim, LoadError, parse_shape
+
+
+def _calls(program: torch.export.ExportedProgram) -> dict[str, torch.fx.Node]:
+    return {node.name: node for node in program.graph.nodes if node.op == "call_function"}
+
+
+class CopyAndSin(torch.nn.Module):
+    def forward(self, x: torch.Tensor):
+        y = x.clone()
+        return y, torch.sin(y)
+
+
+def test_a_copy_of_a_partition_input_leaving_is_refused_and_one_used_inside_is_kept() -> None:
+    program = torch.export.export(CopyAndSin(), (torch.randn(3),))
+    calls = _calls(program)
+    clone, sin = calls["clone"], calls["sin"]
+    refused = [node for node, _ in keep_boundary_copies_out(PartitionView(frozenset({clone, sin}), program))]
+    assert refused == [clone]
+
+    class CopyInside(torch.nn.Module):
+        def forward(self, x: torch.Tensor):
+            return torch.sin(x.clone())
+
+    inside = torch.export.export(CopyInside(), (torch.randn(3),))
+    nodes = frozenset(_calls(inside).values())
+    assert list(keep_boundary_copies_out(PartitionView(nodes, inside))) == []
+
+
+def test_a_zero_d_output_is_refused_at_the_edge() -> None:
+    class Mean(torch.nn.Module):
+        def forward(self, x: torch.Tensor):
+            return x.sin().mean()
+
+    program = torch.export.export(Mean(), (torch.randn(3),))
+    nodes = frozenset(_calls(program).values())
+    (refused,) = keep_unbindable_tensors_out(PartitionView(nodes, program))
+    assert refused[0].name == "mean" and "0-d" in refused[1]
+
+
+def test_folding_computes_index_arithmetic_and_leaves_mutated_and_large_tensors() -> None:
+    class Shifts(torch.nn.Module):
+        def forward(self, x: torch.Tensor):
+            small = torch.arange(8).abs() * 2  # folded
+            big = torch.arange(MAX_FOLDED_BYTES).float()  # over the limit: stays a computation
+            mutated = torch.arange(8) + 1
+            mutated += 1  # changed in place: never folded
+            return x + small + mutated, big.sum()
+
+    program = torch.export.export(Shifts(), (torch.randn(8),))
+    assert {n.name for n in mutated_in_place(program.graph)} == {"add"}
+    folded = fold_constant_subgraphs(program)
+    ops = {str(node.target) for node in folded.graph.nodes if node.op == "call_function"}
+    assert "aten.abs.default" not in ops and "aten.mul.Tensor" not in ops
+    assert "aten.add_.Tensor" in ops  # the mutated tensor is still computed
+    aranges = [n for n in folded.graph.nodes if n.op == "call_function" and "arange" in str(n.target)]
+    assert [n.meta["val"].numel() for n in aranges] == [MAX_FOLDED_BYTES]  # the large one alone
+
+
+def test_pad_to_bound_pads_every_dim_at_its_end() -> None:
+    x = torch.arange(6.0).reshape(2, 3)
+    padded = pad_to_bound(x, [4, 5])
+    assert padded.shape == (4, 5) and torch.equal(padded[:2, :3], x) and padded.sum() == x.sum()
+
+
+def test_cpu_kernels_know_a_kept_whole_op_has_no_kernel() -> None:
+    program = torch.export.export(CopyAndSin(), (torch.randn(3),))
+    sin = _calls(program)["sin"]
+    assert cpu_problem(sin, kept_whole=set()) is None
+    assert cpu_problem(sin, kept_whole={"aten.sin.default"})[1] == "kept whole"
+
+
+def test_command_line_shapes_and_dynamic_dims_are_parsed_or_refused_by_name() -> None:
+    assert parse_shape("1,3,224,224") == (1, 3, 224, 224) == parse_shape("1x3x224x224")
+    assert DynamicDim.parse("0.1=2:16") == DynamicDim(0, 1, 2, 16)
+    with pytest.raises(LoadError, match="MIN is larger than MAX"):
+        DynamicDim.parse("0.0=8:2")
+    with pytest.raises(LoadError, match="expected comma-separated integers"):
+        parse_shape("1,three")
