@@ -160,6 +160,7 @@ def test_openvino_writes_outputs_fed_by_parameters() -> None:
     assert not probe().bug_present
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_console_script_entry_point_lists_commands() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "openvino_backend", "--help"], capture_output=True, text=True, timeout=300, check=False
@@ -200,6 +201,7 @@ def test_bad_dynamic_dims_are_usage_errors(flags: list[str], capsys) -> None:
     assert code == EXIT_USAGE and "--dynamic" in err
 
 
+@pytest.mark.slow  # quantizes and calibrates the robot policy
 def test_verify_int8_compares_with_the_quantized_model_and_reports_the_float_error(capsys) -> None:
     code, out, _ = _run(["verify", "robot-policy", "--int8", "--draws", "2", "--json"], capsys)
     assert code == EXIT_OK, out
@@ -212,6 +214,7 @@ def test_verify_int8_compares_with_the_quantized_model_and_reports_the_float_err
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]], ids=["text", "json"])
+@pytest.mark.slow  # a fresh interpreter
 def test_verify_prints_only_its_own_output(extra) -> None:
     # A fresh process, as a user runs it: the libraries' import-time and runtime lines
     # (torchao's optional kernels, torch's deprecations, the runtime's "OpenVINO: runtime loaded")

@@ -7,7 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
+
+@pytest.mark.slow  # a fresh interpreter
 def test_second_backend_class_is_refused() -> None:
     # A fresh interpreter: the conflicting class must not leak into other tests.
     script = textwrap.dedent(
@@ -34,6 +37,7 @@ def test_second_backend_class_is_refused() -> None:
     assert "keep that module out of the process" in result.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_package_never_imports_upstream_backend() -> None:
     script = (
         "import sys, openvino_backend.cli, openvino_backend.verify, openvino_backend.probe\n"
