@@ -63,6 +63,13 @@ class RobotPolicy(nn.Module):
         return self.head(tokens), normalized.clone(), state.clone()
 
 
+def _seeded(make: Callable[[], nn.Module], seed: int = 0) -> nn.Module:
+    """``make()`` with the same weights every time, the caller's random state left as it was."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return make().eval()
+
+
 @dataclass(frozen=True)
 class Example:
     name: str
@@ -85,7 +92,7 @@ EXAMPLES: dict[str, Example] = {
         Example(
             "robot-policy",
             "encoder + 2 transformer blocks + action head, returns copies of its observation",
-            lambda: RobotPolicy().eval(),
+            lambda: _seeded(RobotPolicy),
             lambda g: (torch.randn(2, 8, 24, generator=g), torch.randn(2, 6, generator=g)),
             terms=16,  # ~15 matmuls deep: rounding errors add up as a random walk
         ),

@@ -88,3 +88,16 @@ def test_command_line_shapes_and_dynamic_dims_are_parsed_or_refused_by_name() ->
         DynamicDim.parse("0.0=8:2")
     with pytest.raises(LoadError, match="expected comma-separated integers"):
         parse_shape("1,three")
+
+
+def test_a_built_in_example_has_the_same_weights_whatever_the_random_state() -> None:
+    from openvino_backend.examples import EXAMPLES
+
+    build = EXAMPLES["robot-policy"].build
+    torch.manual_seed(1)
+    first = build().state_dict()
+    torch.manual_seed(2)
+    state = torch.random.get_rng_state()
+    second = build().state_dict()
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random state untouched
+    assert all(torch.equal(first[k], second[k]) for k in first)
