@@ -43,7 +43,7 @@ from openvino_backend.precision import (
     unit_roundoff,
 )
 from openvino_backend.probe import probe
-from openvino_backend.quantize import quantize_int8, quantize_openvino
+from openvino_backend.quantize import quantize_int8
 from openvino_backend.quiet import stderr
 from openvino_backend.verify import OutputCheck, check_run, declared_formats, lower_exported, resample
 
@@ -94,13 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
             help="quantize first (PT2E with ExecuTorch's XNNPACKQuantizer: int8 weights per channel, "
             "activations per tensor; calibrated on random draws); verify then compares with the "
             "quantized eager model and reports the float model's error beside it",
-        )
-        sub.add_argument(
-            "--quantizer",
-            choices=("xnnpack", "openvino"),
-            default="xnnpack",
-            help="with --int8: ExecuTorch's XNNPACKQuantizer (default) or OpenVINO's OpenVINOQuantizer "
-            "through NNCF (INT8_SYM; needs nncf)",
         )
         sub.add_argument(
             "--precision",
@@ -207,12 +200,7 @@ def _lower_one(
         if args.int8:
             generator = torch.Generator().manual_seed(getattr(args, "seed", 0))  # `lower` has no --seed
             calibration = [resample(model.inputs, generator) for _ in range(CALIBRATION_DRAWS)]
-            if args.quantizer == "openvino" and not args.debug:
-                import nncf  # noqa: F401  (it sets up its own logger on import: quieted after)
-
-                logging.getLogger("nncf").setLevel(logging.ERROR)
-            quantize = quantize_openvino if args.quantizer == "openvino" else quantize_int8
-            reference = quantize(exported or model.module, model.inputs, calibration)
+            reference = quantize_int8(exported or model.module, model.inputs, calibration)
             exported = torch.export.export(reference, tuple(model.inputs), dynamic_shapes=shapes)
         exported = exported or torch.export.export(model.module, model.inputs, dynamic_shapes=shapes)
         program = lower_exported(exported, partitioner=partitioner)

@@ -1,4 +1,8 @@
-"""INT8 through PyTorch's PT2E flow, with ExecuTorch's XNNPACK quantizer or OpenVINO's own.
+"""INT8 through PyTorch's PT2E flow, with the quantizer ExecuTorch ships.
+
+OpenVINO's own ``OpenVINOQuantizer`` works with this backend too, but it ships
+in ``executorch.backends.openvino``, which this package never imports: users
+import it themselves (``guard.py`` makes the two backends coexist).
 
 OpenVINO picks INT8 kernels from the quantize/dequantize pattern itself (its
 low-precision transformations), so the quantizer only has to place the
@@ -12,9 +16,6 @@ quantized model's own distance from the float model (``python -m bench``).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -23,8 +24,6 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     get_symmetric_quantization_config,
 )
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-logger = logging.getLogger(__name__)
 
 
 def quantize_int8(
@@ -45,45 +44,3 @@ def quantize_int8(
         for inputs in calibration:
             prepared(*inputs)
     return convert_pt2e(prepared, fold_quantize=fold_quantize)
-
-
-OPENVINO_MODES = ("INT8_SYM", "INT8_MIXED", "INT8_TRANSFORMER")
-
-
-def quantize_openvino(
-    module: torch.nn.Module | torch.export.ExportedProgram,
-    example_inputs: Sequence[torch.Tensor],
-    calibration: Iterable[Sequence[torch.Tensor]],
-    *,
-    mode: str = "INT8_SYM",
-    fold_quantize: bool = True,
-) -> torch.nn.Module:
-    """``module`` quantized by OpenVINO's ``OpenVINOQuantizer`` through NNCF's ``quantize_pt2e``.
-
-    The quantizer ships in ``executorch.backends.openvino``, whose import defines
-    ExecuTorch's own ``OpenvinoBackend``; this backend then routes each partition to
-    the preprocess of the partitioner that made it (``guard.py``), so lowering with
-    ``OpenvinoPartitioner`` from this package stays this package's. Needs ``nncf``
-    (``pip install openvino_backend[quantize]``).
-    """
-    if mode not in OPENVINO_MODES:
-        raise ValueError(f"unknown OpenVINOQuantizer mode {mode!r}; one of {', '.join(OPENVINO_MODES)}")
-    import nncf
-    from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
-    from nncf.experimental.torch.fx import quantize_pt2e
-
-    exported = module if isinstance(module, torch.export.ExportedProgram) else None
-    if exported is None:
-        exported = torch.export.export(module.eval(), tuple(example_inputs))
-    samples = [tuple(inputs) for inputs in calibration]
-    progress = io.StringIO()  # NNCF draws progress bars on stdout; a library keeps stdout to its caller
-    with contextlib.redirect_stdout(progress):
-        quantized = quantize_pt2e(
-            exported.module(),
-            OpenVINOQuantizer(mode=QuantizationMode[mode]),
-            calibration_dataset=nncf.Dataset(samples, lambda inputs: inputs),
-            subset_size=len(samples),
-            fold_quantize=fold_quantize,
-        )
-    logger.debug("NNCF: %s", progress.getvalue().strip())
-    return quantized

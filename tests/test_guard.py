@@ -1,5 +1,5 @@
 """An unknown second ``OpenvinoBackend`` class in the process is an error, never a fallback
-(ExecuTorch's own is routed: ``tests/test_openvino_quantizer.py``)."""
+(ExecuTorch's own is routed: ``tests/test_upstream_quantizer.py``)."""
 
 from __future__ import annotations
 
