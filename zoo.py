@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from openvino_backend.examples import _Block
+from openvino_backend.tools.examples import _Block
 
 
 class ConvBlock(torch.nn.Module):

@@ -34,8 +34,8 @@ from bench.int8 import HEADERS as INT8_HEADERS
 from bench.int8 import bench_int8
 from bench.models import MODELS, inputs_for
 from bench.scaling import time_proposal, time_rules, time_validation
-from openvino_backend.precision import inference_precision, openvino_version
-from openvino_backend.verify import flatten_outputs, runtime
+from openvino_backend.runtime import inference_precision, openvino_version
+from openvino_backend.tools.verify import flatten_outputs, runtime
 
 
 class Worker:

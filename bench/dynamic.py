@@ -18,8 +18,8 @@ import openvino as ov
 import torch
 from torch.export import Dim
 
-from openvino_backend import OpenvinoPartitioner
-from openvino_backend.verify import flatten_outputs, lower_exported, runtime
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools.verify import flatten_outputs, lower_exported, runtime
 from zoo import Decoder, Policy, SmallCNN
 
 # name: (model, input at a size, dynamic dim, range, example size)

@@ -16,9 +16,9 @@ import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
 from bench.dynamic import _error, _Method, _ms
-from openvino_backend import OpenvinoPartitioner
-from openvino_backend.quantize import quantize_int8
-from openvino_backend.verify import flatten_outputs, lower_exported
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools.quantize import quantize_int8
+from openvino_backend.tools.verify import flatten_outputs, lower_exported
 from zoo import ResidualCNN, ResNet18, TransformerEncoder
 
 MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor]]] = {

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from openvino_backend.examples import RobotPolicy
+from openvino_backend.tools.examples import RobotPolicy
 from zoo import CopiesLeaving, Decoder, ResidualCNN, TransformerEncoder
 
 

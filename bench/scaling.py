@@ -12,9 +12,10 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export.graph_signature import ExportGraphSignature
 
-from openvino_backend.boundary import DEFAULT_RULES, PartitionView
-from openvino_backend.partitioner import OpenvinoPartitioner
-from openvino_backend.validate import find_passthroughs
+from openvino_backend.lowering.validate import find_passthroughs
+from openvino_backend.partition.edge_rules import DEFAULT_RULES
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.partition.view import PartitionView
 
 
 def fx_chain(nodes: int) -> SimpleNamespace:

@@ -43,7 +43,7 @@ def main() -> int:
     if args.backend.startswith("ours"):
         import functools
 
-        from openvino_backend import OpenvinoPartitioner
+        from openvino_backend.partition.partitioner import OpenvinoPartitioner
         from openvino_backend.timing import recording  # the package's own stages, timed where they run
 
         if args.backend == "ours-no-check":  # what conversion-aware partitioning costs

@@ -19,9 +19,10 @@ from concurrent.futures import ProcessPoolExecutor
 from hypothesis import given, seed, settings
 from hypothesis.strategies import SearchStrategy
 
-from fuzz.graphs import GraphSpec, compute_graphs, graphs
+from fuzz.graphs import compute_graphs, graphs
 from fuzz.profiles import PROFILES
 from fuzz.properties import Outcome, check_compute, check_lowering, check_validator
+from fuzz.spec import GraphSpec
 from fuzz.speed import cache_cia_op_collection
 
 # property -> (check, the graphs it draws)

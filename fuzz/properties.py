@@ -26,14 +26,15 @@ from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 
-from fuzz.graphs import GraphSpec
-from openvino_backend import OpenvinoExportError, OpenvinoPartitioner
-from openvino_backend.convert import convert
-from openvino_backend.numerics import run_like_runtime
-from openvino_backend.precision import Tolerance, openvino_core
-from openvino_backend.preprocess import run_passes
-from openvino_backend.validate import find_passthroughs, find_type_mismatches, output_nodes
-from openvino_backend.verify import check_run, declared_formats, lower_exported, resample
+from fuzz.spec import GraphSpec
+from openvino_backend.diagnostics import OpenvinoExportError
+from openvino_backend.graph import output_nodes
+from openvino_backend.lowering.convert import convert
+from openvino_backend.lowering.preprocess import run_passes
+from openvino_backend.lowering.validate import find_passthroughs, find_type_mismatches
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.runtime import Tolerance, openvino_core, run_like_runtime
+from openvino_backend.tools.verify import check_run, declared_formats, lower_exported, resample
 
 NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)
 

@@ -9,12 +9,12 @@ says where and why.
 import importlib
 
 # Imported on first use: the command line silences the libraries' import-time output before it
-# loads them (``quiet.py``), and ``import openvino_backend`` alone stays cheap.
+# loads them (``tools/quiet.py``), and ``import openvino_backend`` alone stays cheap.
 _EXPORTS = {
-    "DEFAULT_RULES": "openvino_backend.boundary",
-    "keep_boundary_copies_out": "openvino_backend.boundary",
-    "keep_non_default_dim_order_out": "openvino_backend.boundary",
-    "keep_unbindable_tensors_out": "openvino_backend.boundary",
+    "DEFAULT_RULES": "openvino_backend.partition.edge_rules",
+    "keep_boundary_copies_out": "openvino_backend.partition.edge_rules",
+    "keep_non_default_dim_order_out": "openvino_backend.partition.edge_rules",
+    "keep_unbindable_tensors_out": "openvino_backend.partition.edge_rules",
     "BackendConflictError": "openvino_backend.diagnostics",
     "CompileSpecError": "openvino_backend.diagnostics",
     "ConversionError": "openvino_backend.diagnostics",
@@ -27,13 +27,16 @@ _EXPORTS = {
     "OutputTypeError": "openvino_backend.diagnostics",
     "PassError": "openvino_backend.diagnostics",
     "PassthroughOutputError": "openvino_backend.diagnostics",
-    "OpenvinoPartitioner": "openvino_backend.partitioner",
-    "OpenvinoBackend": "openvino_backend.preprocess",
-    "find_passthroughs": "openvino_backend.validate",
-    "validate_compiled": "openvino_backend.validate",
-    "validate_edge_tensors": "openvino_backend.validate",
-    "validate_model": "openvino_backend.validate",
-    "validate_output_types": "openvino_backend.validate",
+    "OpenvinoPartitioner": "openvino_backend.partition.partitioner",
+    "OpenvinoBackend": "openvino_backend.lowering.preprocess",
+    "PartitionReport": "openvino_backend.partition.report",
+    "Rejection": "openvino_backend.partition.view",
+    "quantize_int8": "openvino_backend.tools.quantize",
+    "find_passthroughs": "openvino_backend.lowering.validate",
+    "validate_compiled": "openvino_backend.lowering.validate",
+    "validate_edge_tensors": "openvino_backend.lowering.validate",
+    "validate_model": "openvino_backend.lowering.validate",
+    "validate_output_types": "openvino_backend.lowering.validate",
 }
 
 
@@ -64,11 +67,14 @@ __all__ = [
     "OpenvinoPartitioner",
     "OutputTypeError",
     "PassError",
+    "PartitionReport",
     "PassthroughOutputError",
+    "Rejection",
     "find_passthroughs",
     "keep_boundary_copies_out",
     "keep_non_default_dim_order_out",
     "keep_unbindable_tensors_out",
+    "quantize_int8",
     "validate_compiled",
     "validate_edge_tensors",
     "validate_model",

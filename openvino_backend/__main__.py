@@ -6,10 +6,10 @@ import sys
 def run() -> int:
     # Before any heavy import: the libraries print while they load.
     if "--debug" not in sys.argv[1:]:
-        from openvino_backend.quiet import silence_libraries
+        from openvino_backend.tools.quiet import silence_libraries
 
         silence_libraries()
-    from openvino_backend.cli import main
+    from openvino_backend.tools.cli import main
 
     return main()
 

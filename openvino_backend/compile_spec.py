@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from openvino_backend.diagnostics import CompileSpecError
-from openvino_backend.precision import PRECISIONS
+from openvino_backend.runtime import PRECISIONS
 
 # Compile-spec key the partitioner adds so errors can name the partition. The
 # runtime reads only "device" and ignores other keys.

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from openvino_backend.graph import op_name
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 # One frame of an FX ``stack_trace``: 'File "m.py", line 12, in forward\n    y = x.clone()'
@@ -64,16 +66,6 @@ class NodeRef:
             source=SourceLocation.from_stack_trace(node.meta.get("stack_trace")),
             module_path=_module_path(node),
         )
-
-
-def op_name(node: torch.fx.Node) -> str:
-    """``aten.clone.default`` for a call, ``placeholder`` / ``output`` otherwise."""
-    if node.op == "call_function":
-        target = node.target
-        if isinstance(target, torch._ops.OpOverload):  # before to_edge: ``aten::abs`` + overload
-            return f"{target._schema.name.replace('::', '.')}.{target._overloadname}"
-        return target if isinstance(target, str) else getattr(target, "__name__", str(target))
-    return node.op
 
 
 def _module_path(node: torch.fx.Node) -> str | None:

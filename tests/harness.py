@@ -8,9 +8,9 @@ import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-from openvino_backend import OpenvinoPartitioner
-from openvino_backend.precision import supported_precisions
-from openvino_backend.verify import check_run, declared_formats, delegate_ids, lower, resample
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.runtime import supported_precisions
+from openvino_backend.tools.verify import check_run, declared_formats, delegate_ids, lower, resample
 
 # ExecuTorch's edge config with dim order turned off: copies are aten.clone.
 NO_DIM_ORDER = EdgeCompileConfig(_skip_dim_order=True)

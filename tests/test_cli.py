@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from openvino_backend.cli import EXIT_MISMATCH, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
-from openvino_backend.probe import probe
-from openvino_backend.verify import run_program
+from openvino_backend.tools.cli import main
+from openvino_backend.tools.probe import probe
+from openvino_backend.tools.results import EXIT_MISMATCH, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from openvino_backend.tools.verify import run_program
 from tests.harness import TARGET_PRECISIONS
 
 
@@ -32,9 +33,10 @@ def test_verify_builtin_examples_json(capsys) -> None:
     assert set(models) == {"copy-of-input", "robot-policy"}
     assert [len(m["outputs"]) for m in models.values()] == [2, 3]
     assert all(o["verdict"] == "match" for m in models.values() for o in m["outputs"])
-    # The copy of the input is reported as kept out, with its reason.
+    # The copy of the input is reported as kept out, with the rule that kept it out and why.
     kept = models["copy-of-input"]["partitions"]["kept_out"]
     assert kept and "copy of partition input" in kept[0]["reason"]
+    assert kept[0]["rule"] == "keep_boundary_copies_out"
 
 
 def test_verify_text_names_precision_and_tolerance(capsys) -> None:
@@ -106,7 +108,7 @@ def test_lower_writes_a_program_the_runtime_runs(tmp_path, capsys) -> None:
 
 def test_verify_import_spec_with_example_inputs(capsys) -> None:
     code, out, _ = _run(
-        ["verify", "openvino_backend.examples:CopyOfInput", "--input-shape", "2,7", "--draws", "1"], capsys
+        ["verify", "openvino_backend.tools.examples:CopyOfInput", "--input-shape", "2,7", "--draws", "1"], capsys
     )
     assert code == EXIT_OK, out
 

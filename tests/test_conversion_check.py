@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openvino_backend import OpenvinoPartitioner, keep_unbindable_tensors_out
+from openvino_backend.partition.edge_rules import keep_unbindable_tensors_out
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from tests.harness import execute_layer_test
 from tests.ops.test_copy import COPIES, CopyThenSin
 
@@ -15,12 +16,12 @@ def test_copy_not_on_any_list_is_kept_out_by_conversion(copy) -> None:
     # No copy list at all: every copy op here is "not on the list".
     partitioner = OpenvinoPartitioner(boundary_rules=(keep_unbindable_tensors_out,))
     execute_layer_test(CopyThenSin(copy), (torch.randn(4, 6),), partitioner=partitioner)
-    reasons = [(node.op, why) for node, why in partitioner.report.kept_out]
+    reasons = [(kept.node.op, kept.reason) for kept in partitioner.report.kept_out]
     assert reasons, "the conversion check kept nothing out"
     assert all("found by converting the partition" in why and op in why for op, why in reasons)
     # Reported through ExecuTorch's reporter too, by node.
     table = partitioner.reporter.get_table_report()
-    assert all(node.name[:20] in table for node, _ in partitioner.report.kept_out)
+    assert all(kept.node.name[:20] in table for kept in partitioner.report.kept_out)
 
 
 class CopyOfOutput(torch.nn.Module):

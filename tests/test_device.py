@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-from openvino_backend import DeviceError, OpenvinoPartitioner
-from openvino_backend.precision import openvino_core
+from openvino_backend.diagnostics import DeviceError
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.runtime import openvino_core
 
 
 def test_an_absent_device_is_refused_naming_the_available_ones() -> None:

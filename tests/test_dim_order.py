@@ -14,10 +14,11 @@ import openvino.opset13 as opset
 import pytest
 import torch
 
-from openvino_backend import DimOrderError, OpenvinoPartitioner, keep_boundary_copies_out
-from openvino_backend.boundary import keep_non_default_dim_order_out
-from openvino_backend.edge_layout import adapt_edge_layouts, inverse
-from openvino_backend.verify import lower, memory_format, run_program
+from openvino_backend.diagnostics import DimOrderError
+from openvino_backend.lowering.edge_layout import adapt_edge_layouts, inverse
+from openvino_backend.partition.edge_rules import keep_boundary_copies_out, keep_non_default_dim_order_out
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools.verify import lower, memory_format, run_program
 from tests.harness import NO_DIM_ORDER, execute_layer_test, non_delegated_ops
 
 CL = torch.channels_last

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.export import Dim
 
-from openvino_backend import DimOrderError, EdgeTensorError, OpenvinoPartitioner
-from openvino_backend.verify import check_run, delegate_ids, lower_exported, run_program
+from openvino_backend.diagnostics import DimOrderError, EdgeTensorError
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools.verify import check_run, delegate_ids, lower_exported, run_program
 from zoo import MLP, Decoder, Policy, SmallCNN
 
 BATCH = Dim("batch", min=1, max=8)
@@ -44,7 +45,7 @@ def test_dynamic_outputs_stay_on_the_cpu_when_padding_is_off() -> None:
     partitioner = OpenvinoPartitioner(pad_dynamic_outputs=False)
     program = lower_exported(_export(module, torch.randn(2, 3, 16, 16)), partitioner=partitioner)
     assert partitioner.report.delegated_share < 0.5
-    assert any("does not resize" in why for _, why in partitioner.report.kept_out)
+    assert any("does not resize" in kept.reason for kept in partitioner.report.kept_out)
     _assert_runs_at(program, module, [(1, 3, 16, 16), (8, 3, 16, 16)])
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from fuzz.graphs import GraphSpec, Input, Step, compute_graphs, graphs
+from fuzz.graphs import compute_graphs, graphs
 from fuzz.properties import check_compute, check_lowering, check_validator
+from fuzz.spec import GraphSpec, Input, Step
 
 COPY_OF_INPUT = GraphSpec(
     inputs=(Input((3, 4), "float32"),),

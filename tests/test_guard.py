@@ -40,7 +40,7 @@ def test_second_backend_class_is_refused() -> None:
 @pytest.mark.slow  # a fresh interpreter
 def test_package_never_imports_upstream_backend() -> None:
     script = (
-        "import sys, openvino_backend.cli, openvino_backend.verify, openvino_backend.probe\n"
+        "import sys, openvino_backend.tools.cli, openvino_backend.tools.verify, openvino_backend.tools.probe\n"
         "print(any(m.startswith('executorch.backends.openvino') for m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)

@@ -8,12 +8,14 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 
-import openvino_backend.conversion_check as conversion_check
-import openvino_backend.numerics as numerics
-import openvino_backend.partitioner as partitioner_module
-import openvino_backend.preprocess as preprocess
-from openvino_backend import OpenvinoPartitioner, PassthroughOutputError
-from openvino_backend.verify import delegate_ids, runtime
+import openvino_backend.lowering.handover as handover
+import openvino_backend.lowering.preprocess as preprocess
+import openvino_backend.partition.conversion as conversion
+import openvino_backend.partition.numerical as numerical
+from openvino_backend.diagnostics import PassthroughOutputError
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.partition.state import ExportState
+from openvino_backend.tools.verify import delegate_ids, runtime
 from tests.harness import execute_layer_test
 from tests.test_validate import CopyThenSin, _line_of
 
@@ -61,12 +63,12 @@ def test_a_handed_over_conversion_is_still_checked(monkeypatch: pytest.MonkeyPat
     # A numerical check that converts and compiles but finds nothing, and no other rule: the
     # pass-through reaches preprocess in the conversion it takes over, and must be refused there.
     def convert_only(self, part):
-        conversion_check.converted(part)
+        conversion.converted(part)
         return iter(())
 
-    monkeypatch.setattr(numerics.NumericalCheck, "__call__", convert_only)
+    monkeypatch.setattr(numerical.NumericalCheck, "__call__", convert_only)
     handed: list[object] = []
-    original = conversion_check.take_over
+    original = handover.take_over
 
     def spy(*args, **kwargs):
         result = original(*args, **kwargs)
@@ -98,9 +100,9 @@ def test_methods_with_the_same_graph_keep_their_own_weights(monkeypatch: pytest.
     # names, inputs and outputs, and only their weights differ. "swapped": the partitioner's checks
     # see the other method's weights, and preprocess must not take their conversion.
     if states == "swapped":
-        monkeypatch.setattr(partitioner_module, "_take_state", lambda states, program: states.pop())
+        monkeypatch.setattr(ExportState, "_take_state", lambda self, program: self.real_states.pop())
     handed: list[object] = []
-    original = conversion_check.take_over
+    original = handover.take_over
 
     def spy(*args, **kwargs):
         handed.append(original(*args, **kwargs))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import openvino_backend.preprocess as preprocess
-from openvino_backend import CpuKernelError, OpenvinoPartitioner
-from openvino_backend.quantize import quantize_int8
-from openvino_backend.verify import lower_exported, run_program
+import openvino_backend.lowering.preprocess as preprocess
+from openvino_backend.diagnostics import CpuKernelError
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools.quantize import quantize_int8
+from openvino_backend.tools.verify import lower_exported, run_program
 from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
 from zoo import SmallCNN, TransformerEncoder
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openvino_backend.examples import EXAMPLES
+from openvino_backend.tools.examples import EXAMPLES
 from tests.harness import execute_layer_test, non_delegated_ops
 
 

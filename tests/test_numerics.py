@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import openvino_backend.preprocess as preprocess
-from openvino_backend import OpenvinoPartitioner
-from openvino_backend.verify import check_run, lower
+import openvino_backend.lowering.preprocess as preprocess
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools.verify import check_run, lower
 from tests.harness import NO_DIM_ORDER, execute_layer_test, non_delegated_ops
 
 
@@ -34,7 +34,7 @@ class Lookup(torch.nn.Module):
 
 
 def _kept_out(partitioner: OpenvinoPartitioner) -> dict[str, str]:
-    return {ref.op: reason for ref, reason in partitioner.report.kept_out}
+    return {kept.node.op: kept.reason for kept in partitioner.report.kept_out}
 
 
 def test_openvino_miscomputes_the_range_when_nothing_guards_it() -> None:

@@ -9,9 +9,9 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import Dim
 
-from openvino_backend import OpenvinoPartitioner
-from openvino_backend.passes import prepare_for_frontend
-from openvino_backend.verify import check_run, lower_exported
+from openvino_backend.lowering.passes import prepare_for_frontend
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools.verify import check_run, lower_exported
 from zoo import Policy
 
 BATCH = Dim("batch", min=1, max=8)

@@ -13,12 +13,15 @@ import pytest
 import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-import openvino_backend.numerics as numerics
-from openvino_backend import CompileSpecError, CpuKernelError, OpenvinoPartitioner
-from openvino_backend.boundary import PartitionView, keep_quantize_pairs_together
-from openvino_backend.diagnostics import op_name
-from openvino_backend.quantized import StepJudge, is_quantize
-from openvino_backend.verify import lower_exported, run_program
+import openvino_backend.partition.numerical as numerical
+from openvino_backend.diagnostics import CompileSpecError, CpuKernelError
+from openvino_backend.graph import op_name
+from openvino_backend.ops import is_quantize
+from openvino_backend.partition.edge_rules import keep_quantize_pairs_together
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.partition.quantized import StepJudge
+from openvino_backend.partition.view import PartitionView
+from openvino_backend.tools.verify import lower_exported, run_program
 from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
 
 SCALE, ZERO_POINT = 0.5, 3
@@ -74,13 +77,13 @@ def test_a_step_at_a_rounding_tie_is_agreement(precision, kind) -> None:
 def test_a_zero_point_applied_off_by_one_is_refused(precision, kind, monkeypatch) -> None:
     """OpenVINO's outputs shifted by one step everywhere, as a wrong zero point would shift them."""
     model, step = MODELS[kind][0](), MODELS[kind][1]
-    run = numerics.run_like_runtime
+    run = numerical.run_like_runtime
 
     def off_by_a_step(compiled, feeds, expected):
         outputs, overwritten = run(compiled, feeds, expected)
         return [out + step for out in outputs], overwritten
 
-    monkeypatch.setattr(numerics, "run_like_runtime", off_by_a_step)
+    monkeypatch.setattr(numerical, "run_like_runtime", off_by_a_step)
     x = torch.randn(8, 10, generator=torch.Generator().manual_seed(0))
     partitioner = partitioner_for(precision, sample_inputs=(x,), fold_constants=False)
     with pytest.raises(CpuKernelError):  # refused, the quantize / dequantize pair has no CPU kernel
@@ -129,7 +132,7 @@ def test_a_quantize_dequantize_pair_never_straddles_the_partition_edge() -> None
 def test_a_refused_dequantize_takes_its_quantize_out_with_a_reason_naming_the_pair(monkeypatch) -> None:
     """The numerical check blames a dequantize: its quantize follows it out, and export says why
     (the runtime has no CPU kernel for either)."""
-    check = numerics.NumericalCheck.__call__
+    check = numerical.NumericalCheck.__call__
 
     def blame_the_dequantize(self, part):
         for node in part.ordered():
@@ -138,7 +141,7 @@ def test_a_refused_dequantize_takes_its_quantize_out_with_a_reason_naming_the_pa
                 return
         yield from check(self, part)
 
-    monkeypatch.setattr(numerics.NumericalCheck, "__call__", blame_the_dequantize)
+    monkeypatch.setattr(numerical.NumericalCheck, "__call__", blame_the_dequantize)
     x = torch.randn(8, 10)
     with pytest.raises(CpuKernelError) as caught:
         lower_exported(torch.export.export(RoundTrip(), (x,)), partitioner=OpenvinoPartitioner(fold_constants=False))

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from openvino_backend import OpenvinoPartitioner, PassError
-from openvino_backend.convert import convert
-from openvino_backend.precision import openvino_core
-from openvino_backend.verify import check_run, lower_exported
+from openvino_backend.diagnostics import PassError
+from openvino_backend.lowering.convert import convert
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.runtime import openvino_core
+from openvino_backend.tools.verify import check_run, lower_exported
 from tests.harness import execute_layer_test, non_delegated_ops
 
 
@@ -76,7 +77,8 @@ def test_dynamic_narrow_by_a_size_is_kept_out_when_openvino_cannot_build_it() ->
     partitioner = OpenvinoPartitioner()
     program = lower_exported(exported, partitioner=partitioner)
     assert any(
-        "cannot convert" in why and node.op == "aten.slice_copy.Tensor" for node, why in partitioner.report.kept_out
+        "cannot convert" in kept.reason and kept.node.op == "aten.slice_copy.Tensor"
+        for kept in partitioner.report.kept_out
     )
     for n in (2, 4, 6):
         report = check_run(module, program.buffer, [torch.randn(n, 2, 3)])
@@ -116,7 +118,7 @@ def test_dynamic_output_openvino_types_differently_keeps_its_op_out_not_the_pad(
     )
     partitioner = OpenvinoPartitioner()
     program = lower_exported(exported, partitioner=partitioner)
-    assert "aten.sum.dim_IntList" in {ref.op for ref, _ in partitioner.report.kept_out}
+    assert "aten.sum.dim_IntList" in {kept.node.op for kept in partitioner.report.kept_out}
     for size in (2, 3, 6):
         x = torch.randint(-5, 6, (size, 4), dtype=torch.int8)
         assert check_run(NegatedInt8Sum(), program.buffer, (x,)).ok
@@ -169,7 +171,7 @@ def test_constants_written_through_a_view_are_not_folded() -> None:
 
 
 def test_a_failing_rewrite_is_a_typed_error_naming_the_node(monkeypatch) -> None:
-    import openvino_backend.passes as passes
+    import openvino_backend.lowering.passes.matmul as passes
 
     def broken(*args, **kwargs):
         raise ValueError("a bug in a rewrite")

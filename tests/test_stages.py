@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
-from openvino_backend.boundary import PartitionView, keep_boundary_copies_out, keep_unbindable_tensors_out
-from openvino_backend.cpu_kernels import cpu_problem
-from openvino_backend.dynamic import pad_to_bound
-from openvino_backend.fold import MAX_FOLDED_BYTES, fold_constant_subgraphs, mutated_in_place
-from openvino_backend.loader import DynamicDim, LoadError, parse_shape
+from openvino_backend.ops import CONVERTIBLE_BEYOND_TABLE, FACTS, KEEP_WHOLE, PAD_OP, facts, ops_to_keep_whole, overload
+from openvino_backend.partition.cpu_kernels import cpu_problem
+from openvino_backend.partition.edge_rules import keep_boundary_copies_out, keep_unbindable_tensors_out
+from openvino_backend.partition.propose import propose
+from openvino_backend.partition.report import report
+from openvino_backend.partition.state import ExportState
+from openvino_backend.partition.view import PartitionView
+from openvino_backend.tools.loader import DynamicDim, LoadError, parse_shape
+from openvino_backend.transform.dynamic import pad_to_bound
+from openvino_backend.transform.fold import MAX_FOLDED_BYTES, fold_constant_subgraphs, mutated_in_place
 
 
 def _calls(program: torch.export.ExportedProgram) -> dict[str, torch.fx.Node]:
@@ -91,7 +98,7 @@ def test_command_line_shapes_and_dynamic_dims_are_parsed_or_refused_by_name() ->
 
 
 def test_a_built_in_example_has_the_same_weights_whatever_the_random_state() -> None:
-    from openvino_backend.examples import EXAMPLES
+    from openvino_backend.tools.examples import EXAMPLES
 
     build = EXAMPLES["robot-policy"].build
     torch.manual_seed(1)
@@ -101,3 +108,51 @@ def test_a_built_in_example_has_the_same_weights_whatever_the_random_state() -> 
     second = build().state_dict()
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random state untouched
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_every_op_fact_names_a_real_op_and_an_op_in_two_families_gets_both() -> None:
+    for name in FACTS:
+        if name != PAD_OP:
+            assert isinstance(overload(name), torch._ops.OpOverload), name  # a typo raises here
+    clone = facts("aten.clone.default")
+    assert clone.copy == "always" and clone.changes_layout
+    # One list per fact, derived: the reflection pads are convertible beyond OpenVINO's table and kept whole.
+    assert "aten.reflection_pad2d.default" in CONVERTIBLE_BEYOND_TABLE & KEEP_WHOLE
+    assert torch.ops.aten.reflection_pad2d.default in ops_to_keep_whole()
+    assert facts("aten.sin.default") == facts("no.such.op")  # nothing known: empty facts
+
+
+def test_propose_records_which_rule_refused_each_node() -> None:
+    program = torch.export.export(CopyAndSin(), (torch.randn(3),))
+    proposal = propose(program, [(keep_boundary_copies_out,)], op_types_to_skip={"aten.sin.default"})
+    by_name = {node.name: rejection for node, rejection in proposal.rejected.items()}
+    assert by_name["clone"].rule == "keep_boundary_copies_out"
+    assert "stale memory" in by_name["clone"].reason
+    assert by_name["sin"].rule == "skipped_by_user"
+    assert proposal.partitions == [] and not proposal.delegated
+
+    reporter, summary = report(program, proposal, "f32")
+    table = reporter.get_table_report()
+    assert "keep_boundary_copies_out:" in table and "skipped_by_user:" in table
+    assert {(kept.node.name, kept.rule) for kept in summary.kept_out} == {
+        ("clone", "keep_boundary_copies_out"),
+        ("sin", "skipped_by_user"),
+    }
+
+
+def test_export_state_gives_each_program_back_its_own_weights() -> None:
+    first, second = torch.nn.Linear(2, 3), torch.nn.Linear(4, 3)
+    programs = [torch.export.export(m, (torch.randn(1, m.in_features),)) for m in (first, second)]
+    state = ExportState()
+    for program in programs:
+        state.remember_weights(program)
+    fake_mode = torch._subclasses.fake_tensor.FakeTensorMode()
+    fakes = []
+    for program in reversed(programs):  # partitioned in the other order: matched by shapes, not by turn
+        fake = copy.copy(program)
+        fake._state_dict = {k: fake_mode.from_tensor(v) for k, v in program.state_dict.items()}
+        state.restore_weights(fake)
+        fakes.append((program, fake))
+    for program, fake in fakes:
+        assert all(fake.state_dict[k] is v for k, v in program.state_dict.items())
+    assert state.real_states == []

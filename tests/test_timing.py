@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from openvino_backend import OpenvinoPartitioner
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.timing import recording, timed
-from openvino_backend.verify import lower_exported
+from openvino_backend.tools.verify import lower_exported
 
 
 class SinTimesTwo(torch.nn.Module):

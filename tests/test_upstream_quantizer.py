@@ -23,9 +23,9 @@ SCRIPT = textwrap.dedent(
     """
     import sys
     import torch
-    import openvino_backend.preprocess as ours
+    import openvino_backend.lowering.preprocess as ours
     from openvino_backend import OpenvinoPartitioner
-    from openvino_backend.verify import lower_exported, run_program
+    from openvino_backend.tools.verify import lower_exported, run_program
     from zoo import ResNet18, TransformerEncoder
     from tests.harness import non_delegated_ops
 
@@ -103,11 +103,11 @@ def test_the_partitioner_decides_which_preprocess_lowers() -> None:
     script = textwrap.dedent(
         """
         import torch
-        import openvino_backend.preprocess as ours
+        import openvino_backend.lowering.preprocess as ours
         from executorch.backends.openvino import OpenvinoPartitioner as TheirPartitioner
         from executorch.exir.backend.compile_spec_schema import CompileSpec
         from openvino_backend import OpenvinoPartitioner
-        from openvino_backend.verify import lower_exported, run_program
+        from openvino_backend.tools.verify import lower_exported, run_program
 
         lowered_here = []
         validate = ours.validate_compiled

@@ -11,16 +11,12 @@ import openvino.opset13 as opset
 import pytest
 import torch
 
-import openvino_backend.preprocess as preprocess
-from openvino_backend import (
-    OpenvinoPartitioner,
-    OutputTypeError,
-    PassthroughOutputError,
-    validate_compiled,
-    validate_model,
-)
-from openvino_backend.precision import inference_precision
-from openvino_backend.verify import check_run, lower
+import openvino_backend.lowering.preprocess as preprocess
+from openvino_backend.diagnostics import OutputTypeError, PassthroughOutputError
+from openvino_backend.lowering.validate import validate_compiled, validate_model
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.runtime import inference_precision
+from openvino_backend.tools.verify import check_run, lower
 from tests.harness import NO_DIM_ORDER, execute_layer_test
 
 

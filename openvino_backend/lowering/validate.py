@@ -15,16 +15,9 @@ import openvino as ov
 import torch
 from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
-from openvino_backend.boundary import first_problem, tensors_read, unbindable, unbindable_output
-from openvino_backend.diagnostics import (
-    EdgeTensorError,
-    Finding,
-    NodeRef,
-    OutputTypeError,
-    PassthroughOutputError,
-    op_name,
-)
-from openvino_backend.precision import openvino_version
+from openvino_backend.diagnostics import EdgeTensorError, Finding, NodeRef, OutputTypeError, PassthroughOutputError
+from openvino_backend.graph import dtype_of, first_problem, op_name, output_nodes, tensors_read, user_input_nodes
+from openvino_backend.runtime import openvino_version, unbindable, unbindable_output
 
 
 @dataclass(frozen=True)
@@ -73,17 +66,6 @@ class TypeMismatch:
     expected: torch.dtype
 
 
-def user_input_nodes(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
-    """The placeholders the runtime binds, in order (lifted weights and constants are not among them)."""
-    user_inputs = set(program.graph_signature.user_inputs)
-    return [node for node in program.graph.find_nodes(op="placeholder") if node.name in user_inputs]
-
-
-def output_nodes(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    outputs = graph_module.graph.output_node().args[0]
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-
-
 def find_type_mismatches(model: ov.Model, dtypes: list[torch.dtype | None]) -> list[TypeMismatch]:
     """Results whose element type is not the dtype PyTorch gives that output.
 
@@ -104,7 +86,7 @@ def find_type_mismatches(model: ov.Model, dtypes: list[torch.dtype | None]) -> l
 def validate_output_types(model: ov.Model, graph_module: torch.fx.GraphModule, *, partition: int | None = None) -> None:
     """Raise ``OutputTypeError`` for every output OpenVINO types differently from PyTorch."""
     nodes = output_nodes(graph_module)
-    mismatches = find_type_mismatches(model, [_dtype(n) for n in nodes])
+    mismatches = find_type_mismatches(model, [dtype_of(n) for n in nodes])
     if not mismatches:
         return
     ops = sorted({op_name(nodes[m.output]) for m in mismatches})
@@ -128,11 +110,6 @@ def validate_output_types(model: ov.Model, graph_module: torch.fx.GraphModule, *
         partition=partition,
         output_indices=tuple(m.output for m in mismatches),
     )
-
-
-def _dtype(node: object) -> torch.dtype | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def validate_compiled(

@@ -18,8 +18,8 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import Partitioner
 from executorch.runtime import Runtime
 
-from openvino_backend.partitioner import OpenvinoPartitioner
-from openvino_backend.precision import Tolerance
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.runtime import Tolerance
 
 
 def lower(

@@ -27,24 +27,23 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
-from openvino_backend.boundary import non_default_dim_order
 from openvino_backend.compile_spec import PARTITION_KEY, CompileOptions
-from openvino_backend.conversion_check import compile_key, take_over
-from openvino_backend.convert import conversion_error, convert
 from openvino_backend.diagnostics import NodeRef
-from openvino_backend.edge_layout import DimOrder, adapt_edge_layouts
-from openvino_backend.guard import share_backend_name, upstream_preprocess
-from openvino_backend.passes import prepare_for_frontend
-from openvino_backend.precision import openvino_core
-from openvino_backend.timing import stage, timed
-from openvino_backend.validate import (
-    output_nodes,
-    user_input_nodes,
+from openvino_backend.graph import non_default_dim_order, output_nodes, user_input_nodes
+from openvino_backend.lowering.convert import conversion_error, convert
+from openvino_backend.lowering.edge_layout import DimOrder, adapt_edge_layouts
+from openvino_backend.lowering.guard import share_backend_name, upstream_preprocess
+from openvino_backend.lowering.handover import take_over
+from openvino_backend.lowering.partition_model import compile_key
+from openvino_backend.lowering.passes import prepare_for_frontend
+from openvino_backend.lowering.validate import (
     validate_compiled,
     validate_edge_tensors,
     validate_model,
     validate_output_types,
 )
+from openvino_backend.runtime import openvino_core
+from openvino_backend.timing import stage, timed
 
 logger = logging.getLogger(__name__)
 

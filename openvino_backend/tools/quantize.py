@@ -2,7 +2,7 @@
 
 OpenVINO's own ``OpenVINOQuantizer`` works with this backend too, but it ships
 in ``executorch.backends.openvino``, which this package never imports: users
-import it themselves (``guard.py`` makes the two backends coexist).
+import it themselves (``lowering/guard.py`` makes the two backends coexist).
 
 OpenVINO picks INT8 kernels from the quantize/dequantize pattern itself (its
 low-precision transformations), so the quantizer only has to place the

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from openvino_backend.examples import EXAMPLES
+from openvino_backend.tools.examples import EXAMPLES
 
 
 class LoadError(Exception):

@@ -23,8 +23,8 @@ from functools import cache
 import torch
 from executorch.exir.operator.convert import to_out_variant
 
-from openvino_backend.boundary import is_getitem, non_default_dim_order
-from openvino_backend.diagnostics import CpuKernelError, Finding, NodeRef, op_name
+from openvino_backend.diagnostics import CpuKernelError, Finding, NodeRef
+from openvino_backend.graph import is_getitem, non_default_dim_order, op_name
 
 logger = logging.getLogger(__name__)
 

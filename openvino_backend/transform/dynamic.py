@@ -11,7 +11,7 @@ every dynamic user output ``y`` of shape ``(s0, 10)`` (``s0 <= 8``) becomes::
     p = openvino_backend.pad_to_bound(y, [8, 10])     # static shape: a valid delegate output
     y' = p[0:sym_size(x, 0)]                          # on the CPU, resized at run time
 
-``pad_to_bound`` is always delegated: convert.py turns it into an OpenVINO
+``pad_to_bound`` is always delegated: lowering/convert.py turns it into an OpenVINO
 ``Pad`` to the bound (its Result is then static), and ExecuTorch's
 ``slice_copy`` kernel, which does resize its output, gives the real shape
 back from the input's run-time size. Pad and slice copy one output each;
@@ -32,11 +32,11 @@ from torch.export.graph_signature import OutputKind, TensorArgument
 from torch.utils._sympy.functions import FloorDiv
 from torch.utils._sympy.value_ranges import bound_sympy
 
-from openvino_backend.diagnostics import op_name
+from openvino_backend.graph import op_name
+from openvino_backend.ops import is_bound_pad
 
 logger = logging.getLogger(__name__)
 
-PAD_OP = "openvino_backend.pad_to_bound.default"
 SLICE_OPS = frozenset({"aten.slice_copy.Tensor", "aten.slice.Tensor"})
 
 
@@ -51,10 +51,6 @@ def pad_to_bound(x: torch.Tensor, size: list[int]) -> torch.Tensor:
 @pad_to_bound.register_fake
 def _(x: torch.Tensor, size: list[int]) -> torch.Tensor:
     return x.new_empty(size)
-
-
-def is_bound_pad(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and op_name(node) == PAD_OP
 
 
 def restores_size(node: torch.fx.Node) -> bool:

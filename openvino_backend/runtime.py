@@ -1,4 +1,6 @@
-"""What precision a device really computes in, and what error that implies.
+"""The OpenVINO runtime as the lowered program meets it: the core and its devices, the
+precision a device really computes in (and the error that implies), what the stock ExecuTorch
+runtime can bind at a partition edge, and running a compiled partition the way it binds it.
 
 On CPUs with AMX (or AVX512-BF16) OpenVINO's CPU plugin runs f32 models in
 bf16 unless told otherwise, and the ExecuTorch runtime imports blobs with no
@@ -10,11 +12,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
 import openvino as ov
 import torch
+
+from openvino_backend.lowering.edge_layout import DimOrder, inverse
 
 logger = logging.getLogger(__name__)
 
@@ -159,3 +164,99 @@ def warn_if_reduced(dtypes: set[torch.dtype], device: str, target: str | None = 
         hint,
         u,
     )
+
+
+# Scalar types the ExecuTorch OpenVINO runtime binds (convert_to_openvino_type).
+RUNTIME_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
+)
+
+
+def unbindable(val: object) -> str | None:
+    """Why the runtime cannot bind ``val`` at the partition edge, or None."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    if val.dtype not in RUNTIME_DTYPES:
+        return f"as {val.dtype}, which the OpenVINO runtime cannot bind"
+    if val.dim() == 0:
+        # create_ov_tensor builds an ov_shape of the tensor's rank, and OpenVINO's
+        # C API refuses rank 0: the delegate fails with error 0x1 at run time.
+        return "as a 0-d tensor, which the OpenVINO runtime cannot bind (error 0x1 at run time)"
+    if any(isinstance(d, int) and d == 0 for d in val.shape):
+        # OpenVINO's C API refuses a tensor over no memory: error 0x1 at run time.
+        return f"as an empty tensor {tuple(val.shape)}, which the OpenVINO runtime cannot bind (error 0x1 at run time)"
+    return None
+
+
+def unbindable_output(val: object) -> str | None:
+    """Why the runtime cannot hand ``val`` back as a partition output, or None."""
+    if isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return "as a scalar, which the OpenVINO runtime cannot return (it expects a tensor: error 0x12)"
+    if (why := unbindable(val)) is not None:
+        return why
+    if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
+        # ExecuTorch plans a dynamic output at its upper bound and the OpenVINO
+        # runtime never resizes it: the program would return the wrong shape.
+        return f"with dynamic shape {tuple(val.shape)}, which the OpenVINO runtime does not resize"
+    return None
+
+
+def run_like_runtime(
+    compiled: ov.CompiledModel, feeds: Sequence[object], expected: Sequence[torch.Tensor]
+) -> tuple[list[torch.Tensor], bool]:
+    """Infer as the stock runtime does: inputs bound first, then output buffers it planned.
+
+    Output buffers start with values no correct result has (NaN, or each
+    expected value plus one), so an output OpenVINO never writes shows.
+    Returns the outputs and whether an input buffer changed.
+    """
+    request = compiled.create_infer_request()
+    given = [_as_tensor(x) for x in feeds]
+    kept = [x.clone() for x in given]
+    for index, x in enumerate(given):
+        request.set_input_tensor(index, ov.Tensor(x.numpy(), shared_memory=True))
+    outputs = [_not_a_result(want) for want in expected]
+    for index, out in enumerate(outputs):
+        request.set_output_tensor(index, ov.Tensor(out.numpy(), shared_memory=True))
+    request.infer()
+    overwritten = any(not torch.equal(a, b) for a, b in zip(given, kept, strict=True))
+    return outputs, overwritten
+
+
+def as_bound(value: object, order: DimOrder | None) -> object:
+    """``value`` as the runtime binds it: its logical sizes over memory laid out in ``order``."""
+    if order is None or not isinstance(value, torch.Tensor):
+        return value
+    return value.permute(order).contiguous().reshape(value.shape)
+
+
+def from_bound(value: torch.Tensor, order: DimOrder | None, shape: Sequence[int]) -> torch.Tensor:
+    """The logical tensor whose memory, laid out in ``order``, the runtime bound as ``value``."""
+    if order is None:
+        return value
+    return value.reshape([shape[d] for d in order]).permute(inverse(order))
+
+
+def _as_tensor(value: object) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().contiguous().clone()
+    return torch.tensor([int(value)], dtype=torch.int64)  # the runtime binds an int input as i64[1]
+
+
+def _not_a_result(want: torch.Tensor) -> torch.Tensor:
+    if want.dtype == torch.bool:
+        return ~want.contiguous()
+    if want.dtype.is_floating_point and not want.isnan().any():
+        return torch.full_like(want, math.nan, memory_format=torch.contiguous_format)
+    return (want + 1).contiguous()

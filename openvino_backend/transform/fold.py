@@ -19,20 +19,17 @@ import copy
 import logging
 
 import torch
-from executorch.exir.operator.util import _QUANT_PRIMITIVES
 from executorch.exir.passes.constant_prop_pass import (
     create_constant_nodes_and_return_specs,
     get_propagated_const_tensor_dict,
 )
 from torch.export import ExportedProgram
 
+from openvino_backend.ops import not_folded
+
 logger = logging.getLogger(__name__)
 
 MAX_FOLDED_BYTES = 1 << 18
-
-# Not folded: a filled tensor is cheaper to build than to store, and quantization primitives
-# must reach OpenVINO as a pattern (ExecuTorch's constant propagation skips the same).
-_SKIP = {torch.ops.aten.full.default, *_QUANT_PRIMITIVES}
 
 
 def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDED_BYTES) -> ExportedProgram:
@@ -65,7 +62,7 @@ def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDE
 
 def _foldable(program: ExportedProgram, max_bytes: int) -> dict[torch.fx.Node, torch.Tensor]:
     """Constant placeholders and the computed nodes to fold, with values; empty if nothing to fold."""
-    values = get_propagated_const_tensor_dict(program, custom_skip_targets=_SKIP)
+    values = get_propagated_const_tensor_dict(program, custom_skip_targets=set(not_folded()))
     parameters = set(program.graph_signature.inputs_to_parameters)
     outputs = set(program.graph.output_node().all_input_nodes)
     # Never folded, nor anything computed from them: parameters, and tensors the program changes

@@ -22,154 +22,36 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-import openvino as ov
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 
-from openvino_backend.boundary import PartitionView, Rejection, is_getitem, non_default_dim_order
-from openvino_backend.conversion_check import ConvertedPartition, compile_key, convert_partition, converted
-from openvino_backend.diagnostics import OpenvinoExportError, op_name
-from openvino_backend.edge_layout import DimOrder, inverse
-from openvino_backend.precision import (
+from openvino_backend.diagnostics import OpenvinoExportError
+from openvino_backend.graph import is_getitem, op_name, user_input_nodes
+from openvino_backend.lowering.edge_layout import DimOrder
+from openvino_backend.lowering.partition_model import ConvertedPartition, compile_key, convert_partition
+from openvino_backend.ops import is_quantize
+from openvino_backend.partition.conversion import converted
+from openvino_backend.partition.quantized import quantizes, step_judges
+from openvino_backend.partition.samples import SampleValues
+from openvino_backend.partition.view import PartitionView, Rejection
+from openvino_backend.runtime import (
     Tolerance,
+    as_bound,
     default_precision,
     effective_dtype,
+    from_bound,
     inference_precision,
     openvino_core,
     precision_name,
+    run_like_runtime,
     supported_precisions,
 )
-from openvino_backend.quantized import is_quantize, quantizes, step_judges
 from openvino_backend.timing import timed
-from openvino_backend.validate import user_input_nodes
 
 logger = logging.getLogger(__name__)
 
-SampleValues = dict[torch.fx.Node, object]
-
 # An f32 result further than this (relative to its magnitude) from PyTorch's is wrong, not rounded.
 F32_ERROR = 1e-3
-# Integer inputs no index op reads are drawn from [-INT_RANGE, INT_RANGE).
-INT_RANGE = 8
-
-# op -> (position of the indexed tensor, position of the dim or None, position of the index)
-_INDEX_OPS = {
-    "aten.embedding.default": (0, None, 1),
-    "aten.index_select.default": (0, 1, 2),
-    "aten.gather.default": (0, 1, 2),
-    "aten.scatter.src": (0, 1, 2),
-    "aten.scatter.value": (0, 1, 2),
-    "aten.scatter_add.default": (0, 1, 2),
-    "aten.scatter_reduce.two": (0, 1, 2),
-}
-
-
-@timed("numerical_check")
-def sample_values(
-    program: ExportedProgram, sample_inputs: Sequence[object] | None = None, *, seed: int = 0
-) -> SampleValues | None:
-    """Every node's value in eager PyTorch, from ``sample_inputs`` or from draws; None if that fails.
-
-    Drawn integer inputs stay in a range every index op reading them accepts;
-    if eager still refuses the draws (a division by zero, say), positive
-    integers are tried once more.
-    """
-    placeholders = program.graph.find_nodes(op="placeholder")
-    specs = program.graph_signature.input_specs
-    if len(placeholders) != len(specs):
-        logger.warning("numerical check skipped: the program's signature does not match its placeholders")
-        return None
-    user_inputs = [node for node, spec in zip(placeholders, specs, strict=True) if spec.kind == InputKind.USER_INPUT]
-    attempts: list[list[object]] = []
-    if sample_inputs is not None:
-        given = [x for x in torch.utils._pytree.tree_leaves(sample_inputs)]
-        if len(given) != len(user_inputs):
-            raise ValueError(f"sample_inputs has {len(given)} tensors; the program takes {len(user_inputs)} inputs")
-        attempts.append(given)
-    else:
-        for low in (None, 1):
-            generator = torch.Generator().manual_seed(seed)
-            attempts.append([_draw(node, generator, low) for node in user_inputs])
-    error: Exception | None = None
-    for inputs in attempts:
-        try:
-            return _propagate(program, inputs)
-        except Exception as failure:  # eager refused these values; the check cannot run on them
-            error = failure
-    logger.warning("numerical check skipped: PyTorch could not run the program on sample values (%s)", error)
-    return None
-
-
-def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleValues:
-    values: SampleValues = {}
-    constants = {**program.state_dict, **program.constants}
-    fake = sorted(name for name, value in constants.items() if isinstance(value, FakeTensor))
-    if fake:
-        raise ValueError(f"the program's weights are fake tensors ({', '.join(fake[:3])}...)")
-    given = iter(user_inputs)
-    flat = []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind == InputKind.USER_INPUT:
-            flat.append(next(given))
-        elif spec.target in constants:
-            flat.append(constants[spec.target])
-        else:
-            raise ValueError(f"no value for input {spec.arg.name} ({spec.kind.name})")
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, node: torch.fx.Node) -> object:
-            values[node] = result = super().run_node(node)
-            return result
-
-    with torch.no_grad():
-        Recorder(program.graph_module).run(*flat, enable_io_processing=False)
-    return values
-
-
-def _hint(size: int | torch.SymInt) -> int:
-    if isinstance(size, int):
-        return size
-    hint = size.node.hint
-    return int(hint) if hint is not None else int(size.node.shape_env.size_hint(size.node.expr))
-
-
-def _draw(node: torch.fx.Node, generator: torch.Generator, low: int | None) -> object:
-    val = node.meta.get("val")
-    if isinstance(val, (int, torch.SymInt)):
-        return _hint(val)
-    if not isinstance(val, torch.Tensor):
-        raise ValueError(f"cannot draw a value for input {node.name}")
-    shape = [_hint(d) for d in val.shape]
-    if val.dtype == torch.bool:
-        x = torch.rand(shape, generator=generator) < 0.5
-    elif val.dtype.is_floating_point:
-        x = torch.randn(shape, generator=generator).to(val.dtype)
-    else:
-        bound = _index_bound(node)
-        lo = low if low is not None else (0 if bound is not None else -INT_RANGE)
-        hi = max(lo + 1, bound if bound is not None else INT_RANGE)
-        x = torch.randint(lo, hi, shape, generator=generator, dtype=val.dtype)
-    order = non_default_dim_order(val)
-    if order is not None:  # same logical values, laid out in the input's dim order
-        x = x.permute(order).contiguous().permute(tuple(np.argsort(order)))
-    return x
-
-
-def _index_bound(node: torch.fx.Node) -> int | None:
-    """The smallest size ``node``'s values index into, over the index ops reading it."""
-    bounds = []
-    for user in node.users:
-        where = _INDEX_OPS.get(op_name(user))
-        if where is not None and len(user.args) > where[2] and user.args[where[2]] is node:
-            data, dim = user.args[where[0]], (user.args[where[1]] if where[1] is not None else 0)
-            bounds.append(_hint(data.meta["val"].shape[dim]))
-        elif op_name(user) == "aten.index.Tensor":
-            data, indices = user.args[0], user.args[1]
-            bounds += [_hint(data.meta["val"].shape[i]) for i, index in enumerate(indices) if index is node]
-    return min(bounds) if bounds else None
 
 
 @dataclass(frozen=True)
@@ -244,7 +126,7 @@ class NumericalCheck:
             _checkable(self.values.get(node), scalar=False) for node in outputs
         ):
             return None
-        feeds = [_as_bound(self.values[n], order) for n, order in zip(inputs, partition.input_orders, strict=True)]
+        feeds = [as_bound(self.values[n], order) for n, order in zip(inputs, partition.input_orders, strict=True)]
         expected = [self.values[node] for node in outputs]
         orders = partition.output_orders
         found = self._compare(partition, feeds, expected, nodes, outputs, orders, self._properties, confirm=False)
@@ -276,9 +158,9 @@ class NumericalCheck:
             if compiled is None:
                 compiled = openvino_core().compile_model(partition.model, self.device, dict(properties))
                 partition.compiled[key] = compiled
-            planned = [_as_bound(want, order) for want, order in zip(expected, orders, strict=True)]
+            planned = [as_bound(want, order) for want, order in zip(expected, orders, strict=True)]
             bound, overwritten = run_like_runtime(compiled, feeds, planned)
-            actual = [_from_bound(b, o, w.shape) for b, o, w in zip(bound, orders, expected, strict=True)]
+            actual = [from_bound(b, o, w.shape) for b, o, w in zip(bound, orders, expected, strict=True)]
         except RuntimeError as error:
             logger.debug("numerical check could not run a partition: %s", error)
             return None
@@ -306,56 +188,6 @@ class NumericalCheck:
             if not ok:
                 return Mismatch(node, f"{_describe(got, want, tolerance, self.precision, confirm)}, {how}")
         return None
-
-
-def run_like_runtime(
-    compiled: ov.CompiledModel, feeds: Sequence[object], expected: Sequence[torch.Tensor]
-) -> tuple[list[torch.Tensor], bool]:
-    """Infer as the stock runtime does: inputs bound first, then output buffers it planned.
-
-    Output buffers start with values no correct result has (NaN, or each
-    expected value plus one), so an output OpenVINO never writes shows.
-    Returns the outputs and whether an input buffer changed.
-    """
-    request = compiled.create_infer_request()
-    given = [_as_tensor(x) for x in feeds]
-    kept = [x.clone() for x in given]
-    for index, x in enumerate(given):
-        request.set_input_tensor(index, ov.Tensor(x.numpy(), shared_memory=True))
-    outputs = [_not_a_result(want) for want in expected]
-    for index, out in enumerate(outputs):
-        request.set_output_tensor(index, ov.Tensor(out.numpy(), shared_memory=True))
-    request.infer()
-    overwritten = any(not torch.equal(a, b) for a, b in zip(given, kept, strict=True))
-    return outputs, overwritten
-
-
-def _as_bound(value: object, order: DimOrder | None) -> object:
-    """``value`` as the runtime binds it: its logical sizes over memory laid out in ``order``."""
-    if order is None or not isinstance(value, torch.Tensor):
-        return value
-    return value.permute(order).contiguous().reshape(value.shape)
-
-
-def _from_bound(value: torch.Tensor, order: DimOrder | None, shape: Sequence[int]) -> torch.Tensor:
-    """The logical tensor whose memory, laid out in ``order``, the runtime bound as ``value``."""
-    if order is None:
-        return value
-    return value.reshape([shape[d] for d in order]).permute(inverse(order))
-
-
-def _as_tensor(value: object) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value.detach().contiguous().clone()
-    return torch.tensor([int(value)], dtype=torch.int64)  # the runtime binds an int input as i64[1]
-
-
-def _not_a_result(want: torch.Tensor) -> torch.Tensor:
-    if want.dtype == torch.bool:
-        return ~want.contiguous()
-    if want.dtype.is_floating_point and not want.isnan().any():
-        return torch.full_like(want, math.nan, memory_format=torch.contiguous_format)
-    return (want + 1).contiguous()
 
 
 def _checkable(value: object, *, scalar: bool = True) -> bool:

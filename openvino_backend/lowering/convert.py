@@ -15,10 +15,10 @@ from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
 from openvino_backend.diagnostics import ConversionError, Finding, NodeRef
-from openvino_backend.dynamic import is_bound_pad
-from openvino_backend.edge_layout import int_constant
-from openvino_backend.precision import openvino_version
-from openvino_backend.validate import output_nodes
+from openvino_backend.graph import output_nodes
+from openvino_backend.lowering.edge_layout import int_constant
+from openvino_backend.ops import is_bound_pad
+from openvino_backend.runtime import openvino_version
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _bind_scalar_as_vector(parameter: ov.Node) -> None:
 def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) -> ov.Model:
     """Convert one partition's graph; raise ``ConversionError`` if OpenVINO refuses it.
 
-    ``pad_to_bound`` outputs (``dynamic.py``) are taken out of ``graph_module``
+    ``pad_to_bound`` outputs (``transform/dynamic.py``) are taken out of ``graph_module``
     (in place) and become OpenVINO ``Pad`` ops on their Results.
     """
     frontend = pytorch_frontend()

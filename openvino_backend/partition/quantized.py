@@ -25,19 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from openvino_backend.diagnostics import op_name
-
-# Ops whose result is a quantized integer tensor, with the positions of quant_min and quant_max.
-_QUANTIZE = {
-    "quantized_decomposed.quantize_per_tensor.default": (3, 4),
-    "quantized_decomposed.quantize_per_tensor.tensor": (3, 4),
-    "quantized_decomposed.quantize_per_channel.default": (4, 5),
-}
-
-
-def is_quantize(node: torch.fx.Node) -> bool:
-    """A PT2E quantize: its result is the integer tensor a dequantize reads."""
-    return node.op == "call_function" and op_name(node) in _QUANTIZE
+from openvino_backend.graph import op_name
+from openvino_backend.ops import facts, is_quantize
 
 
 def quantizes(nodes: Sequence[torch.fx.Node]) -> bool:
@@ -146,7 +135,7 @@ def _rms(t: torch.Tensor) -> float:
 
 
 def _quant_range(node: torch.fx.Node, dtype: torch.dtype) -> tuple[int, int]:
-    positions = _QUANTIZE[op_name(node)]
+    positions = facts(node).quantize_range
     low, high = (
         node.args[i] if len(node.args) > i else node.kwargs.get(key)
         for i, key in zip(positions, ("quant_min", "quant_max"), strict=True)

@@ -15,7 +15,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as opset
 
-from openvino_backend.precision import openvino_version
+from openvino_backend.runtime import openvino_version
 
 SENTINEL = 42.0
 

@@ -1,0 +1,1 @@
+"""Preprocess: one partition to an OpenVINO blob (passes, convert, edge layouts, validation)."""

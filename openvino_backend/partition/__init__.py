@@ -1,0 +1,1 @@
+"""Partitioning: what OpenVINO runs, chosen and checked (rules, conversion, numerics, CPU kernels)."""

@@ -1,0 +1,123 @@
+"""``python -m openvino_backend``: verify, lower and probe from the command line.
+
+Exit codes: 0 success (all outputs match / no bug), 1 mismatch (or, for
+``probe``, the OpenVINO bug is present), 2 export refused, 3 bad usage or an
+unreadable model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from openvino_backend.runtime import PRECISIONS
+from openvino_backend.tools import commands
+from openvino_backend.tools.loader import (
+    LoadError,
+)
+from openvino_backend.tools.quiet import stderr
+from openvino_backend.tools.results import EXIT_USAGE, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse would exit 2, which means "export refused" here
+        self.print_usage(stderr())
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="openvino-backend", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def model_options(sub: argparse.ArgumentParser, *, required: bool) -> None:
+        sub.add_argument(
+            "model",
+            nargs=None if required else "?",
+            help="a .pt2 file (torch.export.save), pkg.module:attr (an nn.Module, a factory, or "
+            "(module, inputs)), or a built-in example name; default: every built-in example",
+        )
+        sub.add_argument("--input-shape", action="append", default=[], metavar="D0,D1,..", help="once per input")
+        sub.add_argument("--dtype", action="append", default=[], help="once, or once per --input-shape")
+        sub.add_argument("--device", default="CPU", help="OpenVINO device (default CPU)")
+        sub.add_argument(
+            "--dynamic",
+            action="append",
+            default=[],
+            metavar="IN.DIM=MIN:MAX",
+            help="export dim DIM of input IN as dynamic in MIN..MAX (repeatable); a .pt2 keeps its own",
+        )
+        sub.add_argument(
+            "--no-conversion-check",
+            action="store_true",
+            help="skip converting proposed partitions while partitioning (faster; the copy list and the "
+            "export-time checks still apply, so what they miss is refused instead of kept out)",
+        )
+        sub.add_argument(
+            "--int8",
+            action="store_true",
+            help="quantize first (PT2E with ExecuTorch's XNNPACKQuantizer: int8 weights per channel, "
+            "activations per tensor; calibrated on random draws); verify then compares with the "
+            "quantized eager model and reports the float model's error beside it",
+        )
+        sub.add_argument(
+            "--precision",
+            choices=PRECISIONS,
+            help="the precision the target CPU computes float32 in (bf16 with AMX or AVX512-BF16, f32 "
+            "without): the numerical check compiles for it and judges by it; default: this machine's",
+        )
+        sub.add_argument("--debug", action="store_true", help="tracebacks and library logs")
+
+    verify = commands.add_parser("verify", help="lower, run on the ExecuTorch runtime, compare with eager")
+    model_options(verify, required=False)
+    verify.add_argument("--draws", type=int, default=3, help="random input draws to run (default 3)")
+    verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument(
+        "--sizes",
+        metavar="N,N,..",
+        help="with dynamic dims: the sizes to run at, for every dynamic dim (default: the low end, "
+        "the example's size and the high end)",
+    )
+    verify.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    verify.add_argument("--output", type=Path, metavar="FILE.pte", help="also write the lowered program")
+
+    lower = commands.add_parser("lower", help="lower a model and write the .pte")
+    model_options(lower, required=True)
+    lower.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.pte")
+
+    probe_cmd = commands.add_parser("probe", help="does the installed OpenVINO return stale outputs? (no ExecuTorch)")
+    probe_cmd.add_argument("--device", default="CPU")
+    probe_cmd.add_argument("--json", action="store_true")
+    probe_cmd.add_argument("--debug", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_libraries(args.debug)
+    try:
+        if args.command == "probe":
+            return commands.probe_command(args)
+        if args.command == "lower":
+            return commands.lower(args)
+        return commands.verify(args)
+    except (LoadError, UsageError) as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {error}", file=stderr())
+        return EXIT_USAGE
+
+
+def _quiet_libraries(debug: bool) -> None:
+    logging.basicConfig(level=logging.INFO if debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    if not debug:
+        warnings.filterwarnings("ignore")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The commands: lower a model (quantized first with ``--int8``), run it, compare it with eager."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+from openvino_backend.compile_spec import PRECISION_KEY
+from openvino_backend.diagnostics import OpenvinoExportError
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools import render
+from openvino_backend.tools.loader import (
+    DynamicDim,
+    LoadedModel,
+    dims_of,
+    dynamic_shapes,
+    load,
+    shapes_at,
+    sizes_to_run,
+)
+from openvino_backend.tools.probe import probe
+from openvino_backend.tools.quantize import quantize_int8
+from openvino_backend.tools.quiet import stderr
+from openvino_backend.tools.results import EXIT_MISMATCH, EXIT_OK, EXIT_REFUSED, ModelResult, UsageError
+from openvino_backend.tools.verify import OutputCheck, check_run, declared_formats, lower_exported, resample
+
+CALIBRATION_DRAWS = 8
+
+
+def _partitioner(args: argparse.Namespace) -> OpenvinoPartitioner:
+    specs = [CompileSpec("device", args.device.encode())]
+    if args.precision is not None:
+        specs.append(CompileSpec(PRECISION_KEY, args.precision.encode()))
+    return OpenvinoPartitioner(specs, check_by_conversion=not args.no_conversion_check)
+
+
+def _dynamic_dims(model: LoadedModel, args: argparse.Namespace) -> list[DynamicDim]:
+    if model.exported is not None:
+        if args.dynamic:
+            raise UsageError("--dynamic: a .pt2 program keeps the dynamic dims it was exported with")
+        return dims_of(model.exported)
+    return [DynamicDim.parse(text) for text in args.dynamic]
+
+
+def _lower_one(
+    model: LoadedModel, args: argparse.Namespace
+) -> tuple[ModelResult, bytes | None, object, torch.nn.Module]:
+    """The lowering's result, its program (None if refused) and the eager model to compare it with."""
+    result = ModelResult(model.name)
+    partitioner = _partitioner(args)
+    # Dims that do not fit the model are a usage error, not a refused export: checked before exporting.
+    shapes = dynamic_shapes(_dynamic_dims(model, args), model.inputs)
+    reference = model.module
+    try:
+        exported = model.exported
+        if args.int8:
+            generator = torch.Generator().manual_seed(getattr(args, "seed", 0))  # `lower` has no --seed
+            calibration = [resample(model.inputs, generator) for _ in range(CALIBRATION_DRAWS)]
+            reference = quantize_int8(exported or model.module, model.inputs, calibration)
+            exported = torch.export.export(reference, tuple(model.inputs), dynamic_shapes=shapes)
+        exported = exported or torch.export.export(model.module, model.inputs, dynamic_shapes=shapes)
+        program = lower_exported(exported, partitioner=partitioner)
+    except OpenvinoExportError as error:
+        result.refused, result.refused_kind = str(error), type(error).__name__
+        return result, None, None, reference
+    except Exception as error:  # torch.export / to_edge failures: still "export refused"
+        if args.debug:
+            traceback.print_exc()
+        result.refused = f"{type(error).__name__}: {error}"
+        result.refused_kind = type(error).__name__
+        return result, None, None, reference
+    result.report = partitioner.report
+    return result, program.buffer, program, reference
+
+
+def verify(args: argparse.Namespace) -> int:
+    if args.draws < 1:
+        raise UsageError("--draws must be at least 1")
+    generator = torch.Generator().manual_seed(args.seed)
+    models = load(args.model, args.input_shape, args.dtype, generator)
+    results = []
+    for model in models:
+        result, buffer, program, reference = _lower_one(model, args)
+        if buffer is not None:
+            if args.output is not None:
+                _write(args.output if len(models) == 1 else _numbered(args.output, model.name), buffer)
+            _run_draws(result, model, reference, buffer, declared_formats(program), args, generator)
+        results.append(result)
+    if args.json:
+        json.dump(render.verify_json(results, args.device), sys.stdout, indent=2)
+        print()
+    else:
+        for result in results:
+            render.print_result(result, args.device, sys.stdout)
+    return max(r.exit_code for r in results)
+
+
+def _run_draws(
+    result: ModelResult, model: LoadedModel, reference: torch.nn.Module, buffer: bytes, formats, args, generator
+) -> None:
+    """``--draws`` input draws at each size to run at; the worst error per output and shape."""
+    runs = sizes_to_run(_dynamic_dims(model, args), _parse_sizes(args.sizes))
+    worst: dict[tuple[int, tuple[int, ...]], OutputCheck] = {}
+    progress = stderr().isatty() and not args.json
+    for draw in range(args.draws):
+        if progress:
+            print(f"\r{model.name}: run {draw + 1}/{args.draws}", end="", file=stderr(), flush=True)
+        for sizes in runs:
+            shapes = shapes_at(model.inputs, sizes)
+            inputs = list(model.inputs) if draw == 0 and sizes is None else resample(model.inputs, generator, shapes)
+            float_module = model.module if reference is not model.module else None
+            check = check_run(
+                reference,
+                buffer,
+                inputs,
+                device=args.device,
+                terms=model.terms,
+                formats=formats,
+                float_module=float_module,
+            )
+            if check.error is not None:
+                result.run_error = check.error
+                break
+            result.modified_inputs = sorted(set(result.modified_inputs) | set(check.modified_inputs))
+            for out in check.outputs:
+                previous = worst.get((out.index, out.shape))
+                if previous is None or not out.ok or (previous.ok and out.max_abs > previous.max_abs):
+                    worst[(out.index, out.shape)] = out
+        result.draws += 1
+        if result.run_error is not None:
+            break
+    if progress:
+        print("\r\033[K", end="", file=stderr(), flush=True)
+    result.sizes = len(runs)
+    result.outputs = [worst[key] for key in sorted(worst)]
+
+
+def _parse_sizes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--sizes {text!r}: expected comma-separated integers") from None
+    if not sizes:
+        raise UsageError(f"--sizes {text!r}: give at least one size")
+    return sizes
+
+
+def _numbered(path: Path, name: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    return path.with_name(f"{path.stem}-{safe}{path.suffix}")
+
+
+def _write(path: Path, buffer: bytes) -> None:
+    try:
+        path.write_bytes(buffer)
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror}") from error
+
+
+def lower(args: argparse.Namespace) -> int:
+    models = load(args.model, args.input_shape, args.dtype)
+    result, buffer, _, _ = _lower_one(models[0], args)
+    if buffer is None:
+        print(f"model: {result.name}\n  export refused:\n    " + str(result.refused).replace("\n", "\n    "))
+        return EXIT_REFUSED
+    _write(args.output, buffer)
+    print(f"model: {result.name}")
+    render.print_partitions(result.report, sys.stdout)
+    print(f"  wrote {args.output} ({len(buffer):,} bytes)")
+    return EXIT_OK
+
+
+def probe_command(args: argparse.Namespace) -> int:
+    found = probe(args.device)
+    if args.json:
+        print(json.dumps(found.as_dict(), indent=2))
+    else:
+        print(f"OpenVINO {found.openvino_version} on {found.device}, a Result fed by its Parameter beside sin(x):")
+        print(f"  inputs bound first:  output stale: {render.yes(found.stale_output)}, ", end="")
+        print(f"input overwritten: {render.yes(found.input_overwritten)}")
+        print(f"  outputs bound first: correct: {render.yes(found.outputs_first_ok)}")
+        if found.bug_present:
+            print("verdict: bug PRESENT: keep the partitioner's copy rule and the export-time validator")
+        else:
+            print("verdict: bug absent in this OpenVINO: the copy rule could be reconsidered")
+    return EXIT_MISMATCH if found.bug_present else EXIT_OK

@@ -1,0 +1,1 @@
+"""Before partitioning: constant subgraphs folded, dynamic outputs padded to their bound."""
