@@ -28,7 +28,7 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 
 from fuzz.spec import GraphSpec
 from openvino_backend.diagnostics import OpenvinoExportError
-from openvino_backend.graph import output_nodes
+from openvino_backend.graph import dtype_of, output_nodes
 from openvino_backend.lowering.convert import convert
 from openvino_backend.lowering.preprocess import run_passes
 from openvino_backend.lowering.validate import find_passthroughs, find_type_mismatches
@@ -195,7 +195,7 @@ def probe_partition(edge_program) -> _PartitionProbe:
     if not all(isinstance(v, torch.Tensor) for v in vals):
         # A size read from outside (i64[1] at run time): not what this probe binds; counted by name.
         return _PartitionProbe(flagged, False, refused="SizeInput")
-    if find_type_mismatches(model, [_dtype(node) for node in output_nodes(graph_module)]):
+    if find_type_mismatches(model, [dtype_of(node) for node in output_nodes(graph_module)]):
         # An output OpenVINO types differently (an int8 sum: i8, PyTorch int64) cannot be bound as
         # PyTorch's dtype; preprocess refuses it (OutputTypeError). Counted by name.
         return _PartitionProbe(flagged, False, refused="OutputType")
@@ -210,11 +210,6 @@ def probe_partition(edge_program) -> _PartitionProbe:
         tolerance = Tolerance.for_output(want.dtype, terms=max(1, want.numel()), scale=max(1.0, _scale(want)))
         stale |= not tolerance.check(got, want.contiguous())
     return _PartitionProbe(flagged, stale)
-
-
-def _dtype(node: object) -> torch.dtype | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def _scale(tensor: torch.Tensor) -> float:
