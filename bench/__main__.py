@@ -35,7 +35,7 @@ from bench.int8 import bench_int8
 from bench.models import MODELS, inputs_for
 from bench.scaling import time_proposal, time_rules, time_validation
 from openvino_backend.runtime import inference_precision, openvino_version
-from openvino_backend.tools.verify import flatten_outputs, runtime
+from openvino_backend.tools.verify import LoadedMethod, flatten_outputs
 
 
 class Worker:
@@ -83,12 +83,11 @@ def _max_error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> floa
 
 class PteRunner:
     def __init__(self, path: Path, inputs: tuple[torch.Tensor, ...]) -> None:
-        self.program = runtime().load_program(path.read_bytes())  # keeps the method's plan alive
-        self.method = self.program.load_method("forward")
+        self.method = LoadedMethod(path.read_bytes())
         self.inputs = list(inputs)
 
     def __call__(self) -> list[torch.Tensor]:
-        return list(self.method.execute(self.inputs))
+        return self.method(self.inputs)
 
 
 class PlainOpenvino:

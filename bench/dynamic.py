@@ -19,7 +19,7 @@ import torch
 from torch.export import Dim
 
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
-from openvino_backend.tools.verify import flatten_outputs, lower_exported, runtime
+from openvino_backend.tools.verify import LoadedMethod, flatten_outputs, lower_exported
 from zoo import Decoder, Policy, SmallCNN
 
 # name: (model, input at a size, dynamic dim, range, example size)
@@ -38,16 +38,7 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], torch.Ten
 }
 
 
-class _Method:
-    def __init__(self, buffer: bytes) -> None:
-        self.program = runtime().load_program(buffer)  # must outlive the method
-        self.method = self.program.load_method("forward")
-
-    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return list(self.method.execute(inputs))
-
-
-def _ms(method: _Method, inputs: list[torch.Tensor], iterations: int) -> float:
+def _ms(method: LoadedMethod, inputs: list[torch.Tensor], iterations: int) -> float:
     start = time.perf_counter()
     for _ in range(iterations):
         method(inputs)
@@ -83,7 +74,7 @@ def bench_dynamic(reps: int, iterations: int) -> list[tuple]:
             partitioner = OpenvinoPartitioner()
             exported = torch.export.export(module, (x,), dynamic_shapes=shapes)
             plain[kind] = _PlainOpenvino(exported, x)
-            programs[kind] = _Method(lower_exported(exported, partitioner=partitioner).buffer)
+            programs[kind] = LoadedMethod(lower_exported(exported, partitioner=partitioner).buffer)
             shares[kind] = partitioner.report.delegated_nodes
         with torch.no_grad():
             expected = flatten_outputs(module(x))

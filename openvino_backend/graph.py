@@ -6,6 +6,7 @@ from collections.abc import Callable, Collection, Iterable
 
 import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -73,6 +74,16 @@ def user_input_nodes(program: torch.export.ExportedProgram) -> list[torch.fx.Nod
 def output_nodes(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
     outputs = graph_module.graph.output_node().args[0]
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def user_output_nodes(program: ExportedProgram) -> list[torch.fx.Node]:
+    """The outputs the runtime binds, in order: not the new values of buffers the program owns."""
+    specs = program.graph_signature.output_specs
+    return [
+        node
+        for node, spec in zip(output_nodes(program.graph_module), specs, strict=True)
+        if spec.kind != OutputKind.BUFFER_MUTATION
+    ]
 
 
 def owned_constants(program: ExportedProgram, nodes: Collection[torch.fx.Node]) -> dict[torch.fx.Node, torch.Tensor]:

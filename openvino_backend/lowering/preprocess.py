@@ -29,13 +29,14 @@ from torch.export import ExportedProgram
 
 from openvino_backend.compile_spec import PARTITION_KEY, CompileOptions
 from openvino_backend.diagnostics import NodeRef
-from openvino_backend.graph import non_default_dim_order, output_nodes, user_input_nodes
+from openvino_backend.graph import non_default_dim_order, output_nodes, user_input_nodes, user_output_nodes
 from openvino_backend.lowering.convert import conversion_error, convert
 from openvino_backend.lowering.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.lowering.guard import share_backend_name, upstream_preprocess
 from openvino_backend.lowering.handover import take_over
 from openvino_backend.lowering.partition_model import compile_key
 from openvino_backend.lowering.passes import prepare_for_frontend
+from openvino_backend.lowering.state import graph_for_conversion, make_stateful, state_buffers
 from openvino_backend.lowering.validate import (
     validate_compiled,
     validate_edge_tensors,
@@ -60,22 +61,27 @@ class OpenvinoBackend(BackendDetails):
         input_orders, output_orders = edge_dim_orders(edge_program)
         # On the program ExecuTorch gives, before any pass: this check trusts no earlier step.
         validate_edge_tensors(edge_program, partition=options.partition)
-        handed = take_over(options.handover, edge_program)
+        # Buffers the partition owns and mutates become OpenVINO state (state.py): the checks
+        # converted the partition with them as inputs and outputs, so their work is not taken over.
+        states = state_buffers(edge_program)
+        handed = take_over(options.handover, edge_program) if not states else None
         if handed is not None:  # converted (and adapted) exactly so by the partitioner's checks
             graph_module, model = handed.graph_module, handed.model
         else:
-            graph_module = run_passes(edge_program).module()
+            program = run_passes(edge_program)
+            graph_module = graph_for_conversion(program, states) if states else program.module()
             with stage("convert"):
                 model = convert(graph_module, partition=options.partition)
         with stage("validate_output_types"):
             validate_output_types(model, graph_module, partition=options.partition)
         if handed is None and any(order is not None for order in (*input_orders, *output_orders)):
             readers, writers = edge_nodes(graph_module)
+            kept = [None] * len(states)  # a variable never crosses the edge: no layout to adapt
             with stage("adapt_edge_layouts"):
                 adapt_edge_layouts(
                     model,
-                    input_orders,
-                    output_orders,
+                    [*input_orders, *kept],
+                    [*output_orders, *kept],
                     partition=options.partition,
                     input_nodes=readers,
                     output_nodes=writers,
@@ -83,6 +89,8 @@ class OpenvinoBackend(BackendDetails):
         # After the layouts: an input copied to an output in another dim order is a real transpose.
         with stage("validate_model"):
             validate_model(model, graph_module, partition=options.partition)
+        with stage("make_stateful"):
+            make_stateful(model, states)
         compiled = handed.compiled.get(compile_key(options.device, options.properties)) if handed else None
         if compiled is None:
             compiled = compile_model(model, options, graph_module)
@@ -109,7 +117,7 @@ def edge_dim_orders(program: ExportedProgram) -> tuple[list[DimOrder | None], li
     inputs = [non_default_dim_order(node.meta.get("val")) for node in user_input_nodes(program)]
     return inputs, [
         non_default_dim_order(node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
-        for node in output_nodes(program.graph_module)
+        for node in user_output_nodes(program)
     ]
 
 

@@ -16,7 +16,15 @@ import torch
 from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
 from openvino_backend.diagnostics import EdgeTensorError, Finding, NodeRef, OutputTypeError, PassthroughOutputError
-from openvino_backend.graph import dtype_of, first_problem, op_name, output_nodes, tensors_read, user_input_nodes
+from openvino_backend.graph import (
+    dtype_of,
+    first_problem,
+    op_name,
+    output_nodes,
+    tensors_read,
+    user_input_nodes,
+    user_output_nodes,
+)
 from openvino_backend.runtime import openvino_version, unbindable, unbindable_output
 
 
@@ -198,15 +206,15 @@ def validate_edge_tensors(
     Given a program, its user inputs are the partition inputs (lifted weights are not bound).
     """
     if isinstance(partition_graph, torch.export.ExportedProgram):
-        inputs, graph_module = user_input_nodes(partition_graph), partition_graph.graph_module
+        inputs, outputs = user_input_nodes(partition_graph), user_output_nodes(partition_graph)
     else:
-        inputs, graph_module = partition_graph.graph.find_nodes(op="placeholder"), partition_graph
+        inputs, outputs = partition_graph.graph.find_nodes(op="placeholder"), output_nodes(partition_graph)
     findings = []
     for index, node in enumerate(inputs):
         readers = list(node.users)
         if (why := first_problem(tensors_read(node, readers), unbindable)) is not None:
             findings.append(Finding(f"input {index} `{node.name}` crosses the edge {why}", _refs(readers)))
-    for index, node in enumerate(output_nodes(graph_module)):
+    for index, node in enumerate(outputs):
         if not isinstance(node, torch.fx.Node):
             continue
         # Read by the graph's output node: every tensor it holds leaves.

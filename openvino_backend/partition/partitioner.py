@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 
 import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -24,6 +25,7 @@ from openvino_backend.ops import openvino_supported_ops, ops_to_keep_whole
 from openvino_backend.partition.conversion import keep_converted_passthroughs_out, offer_conversion
 from openvino_backend.partition.cpu_kernels import ensure_cpu_runnable
 from openvino_backend.partition.edge_rules import DEFAULT_RULES
+from openvino_backend.partition.mutable_buffers import take_over_mutable_buffers
 from openvino_backend.partition.numerical import NumericalCheck
 from openvino_backend.partition.propose import Proposal, propose
 from openvino_backend.partition.report import PartitionReport, report
@@ -70,6 +72,10 @@ class OpenvinoPartitioner(Partitioner):
         sample_inputs: the program's inputs to run that check on (a tuple,
             as given to ``torch.export``); drawn from the inputs' shapes and
             dtypes when not given.
+        take_over_mutable_buffers: a buffer the program updates (a KV cache)
+            whose readers and update all sit in one partition lives in
+            OpenVINO as state, instead of crossing the delegate's edge twice
+            per call (``partition/mutable_buffers.py``).
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class OpenvinoPartitioner(Partitioner):
         fold_constants: bool = True,
         check_numerics: bool = True,
         sample_inputs: Sequence[object] | None = None,
+        take_over_mutable_buffers: bool = True,
     ) -> None:
         share_backend_name(OpenvinoBackend, PARTITION_KEY)
         self.compile_spec = list(compile_spec or [])
@@ -98,6 +105,7 @@ class OpenvinoPartitioner(Partitioner):
         self.fold_constants = fold_constants
         self.check_numerics = check_numerics
         self.sample_inputs = sample_inputs
+        self.take_over_mutable_buffers = take_over_mutable_buffers
         self._export = ExportState()
         # What the last ``partition`` call decided.
         self.numerical_check: NumericalCheck | None = None
@@ -157,6 +165,8 @@ class OpenvinoPartitioner(Partitioner):
         ensure_fusable(exported_program.graph_module, proposal.partitions)
         self.reporter, self.report = report(exported_program, proposal, self.precision)
         partition_tags = self._tag(exported_program, proposal)
+        if self.take_over_mutable_buffers:
+            self.report = replace(self.report, state_buffers=take_over_mutable_buffers(exported_program))
         warn_if_reduced(_float_dtypes(proposal), self.options.device, self.options.precision)
         logger.info("OpenVINO takes %d nodes in %d partition(s)", self.report.delegated_nodes, len(proposal.partitions))
         if proposal.rejected:

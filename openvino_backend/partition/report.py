@@ -35,6 +35,8 @@ class PartitionReport:
     total_nodes: int = 0
     # The precision f32 partitions were checked in: the target's (compile spec), or this machine's.
     precision: str = "f32"
+    # Buffers the program updates that live in OpenVINO as state (``take_over_mutable_buffers``).
+    state_buffers: tuple[str, ...] = ()
 
     @property
     def delegated_share(self) -> float:

@@ -52,13 +52,23 @@ def runtime() -> Runtime:
     return Runtime.get()
 
 
+class LoadedMethod:
+    """A method of a serialized program, loaded once on the ExecuTorch runtime and run as often as
+    needed: what it keeps between calls (a KV cache in OpenVINO state) lives as long as this object."""
+
+    def __init__(self, buffer: bytes, method: str = "forward") -> None:
+        self._program = runtime().load_program(buffer)  # must outlive its method: it owns the method's plan
+        self._method = self._program.load_method(method)
+        if self._method is None:
+            raise ValueError(f"the program has no method {method!r}")
+
+    def __call__(self, inputs: Sequence[object]) -> list[torch.Tensor]:
+        return list(self._method.execute(list(inputs)))
+
+
 def run_program(buffer: bytes, inputs: Sequence[torch.Tensor], method: str = "forward") -> list[torch.Tensor]:
-    """Execute ``method`` of a serialized program on the ExecuTorch runtime."""
-    program = runtime().load_program(buffer)  # must outlive its method: it owns the method's plan
-    loaded = program.load_method(method)
-    if loaded is None:
-        raise ValueError(f"the program has no method {method!r}")
-    return list(loaded.execute(list(inputs)))
+    """Execute ``method`` of a serialized program on the ExecuTorch runtime, freshly loaded."""
+    return LoadedMethod(buffer, method)(inputs)
 
 
 def delegate_ids(program: ExecutorchProgramManager) -> list[str]:

@@ -1,0 +1,90 @@
+"""Buffers a program updates live in OpenVINO as state: correct across calls, taken over only where exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.runtime import Tolerance
+from openvino_backend.tools.verify import LoadedMethod
+
+
+class Accumulator(torch.nn.Module):
+    """Adds each call's input to a running total it keeps in a buffer, and returns it scaled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.arange(8.0).reshape(2, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x.sin())
+        return self.total * 2
+
+
+class ReadOutside(Accumulator):
+    """The running total is also read by an op the partitioner is told to leave on the CPU."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        before = self.total.cos()
+        self.total.add_(x.sin())
+        return self.total * 2, before
+
+
+def _lower(module: torch.nn.Module, partitioner: OpenvinoPartitioner):
+    exported = torch.export.export(module, (torch.randn(2, 4),))
+    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner])
+    # A buffer left with ExecuTorch starts from its value at export only with this pass; in OpenVINO
+    # state it always does.
+    config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(["total"])])
+    return edge, edge.to_executorch(config)
+
+
+def _run_calls(module: torch.nn.Module, program, calls: int = 4) -> None:
+    method = LoadedMethod(program.buffer)
+    generator = torch.Generator().manual_seed(0)
+    for call in range(calls):
+        x = torch.randn(2, 4, generator=generator)
+        got = method([x])
+        with torch.no_grad():
+            want = module(x)
+        want = want if isinstance(want, tuple) else (want,)
+        for g, w in zip(got, want, strict=True):
+            assert Tolerance.for_output(w.dtype, scale=w.abs().max().item(), ops=4 + call).check(g, w), (call, g, w)
+
+
+@pytest.mark.parametrize("take_over", [True, False], ids=["state", "through-the-edge"])
+def test_a_mutated_buffer_keeps_its_value_from_call_to_call(take_over: bool) -> None:
+    partitioner = OpenvinoPartitioner(take_over_mutable_buffers=take_over)
+    edge, program = _lower(Accumulator(), partitioner)
+    lowered = edge.exported_program()
+    if take_over:
+        assert partitioner.report.state_buffers == ("total",)
+        # The delegate owns the buffer: the program neither passes it in nor writes it back.
+        assert lowered.graph_signature.buffers_to_mutate == {}
+        assert [n.name for n in lowered.graph.find_nodes(op="placeholder")] == ["x"]
+    else:
+        assert partitioner.report.state_buffers == ()
+        assert list(lowered.graph_signature.buffers_to_mutate.values()) == ["total"]
+    _run_calls(Accumulator(), program)
+
+
+def test_a_buffer_read_outside_its_partition_stays_with_executorch() -> None:
+    # Handed to OpenVINO, the CPU's cos would read a buffer nobody writes back any more.
+    partitioner = OpenvinoPartitioner(op_types_to_skip={"aten.cos.default"})
+    _, program = _lower(ReadOutside(), partitioner)
+    assert partitioner.report.state_buffers == ()
+    _run_calls(ReadOutside(), program)
+
+
+def test_each_loaded_method_starts_from_the_buffer_value_at_export() -> None:
+    partitioner = OpenvinoPartitioner()
+    _, program = _lower(Accumulator(), partitioner)
+    x = torch.ones(2, 4)
+    first = LoadedMethod(program.buffer)
+    first([x])
+    again = LoadedMethod(program.buffer)([x])[0]  # a fresh method: a fresh variable
+    want = Accumulator()(x)
+    assert Tolerance.for_output(torch.float32, scale=want.abs().max().item()).check(again, want)
