@@ -90,6 +90,40 @@ def build_parser() -> argparse.ArgumentParser:
     model_options(lower, required=True)
     lower.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.pte")
 
+    llm = commands.add_parser(
+        "export-llm",
+        help="export a decoder LLM (its KV cache in OpenVINO state, prompts of any length in one call)",
+    )
+    llm.add_argument(
+        "model",
+        type=Path,
+        help="ExecuTorch's example Llama: a params.json (or a directory holding one and its checkpoint); "
+        "or a Hugging Face model directory (config.json, weights if any, tokenizer)",
+    )
+    llm.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.pte")
+    llm.add_argument("--checkpoint", type=Path, help="weights for the example Llama (default: random)")
+    llm.add_argument("--max-seq-len", "--max_seq_len", type=int, default=128, help="context length (default 128)")
+    llm.add_argument(
+        "--disable-dynamic-shapes",
+        "--disable_dynamic_shapes",
+        action="store_true",
+        help="one token per call, prompt included (default: a prompt of any length in one call)",
+    )
+    llm.add_argument("--debug", action="store_true", help="tracebacks and library logs")
+
+    gen = commands.add_parser("generate", help="generate text from an exported LLM on ExecuTorch's runtime")
+    gen.add_argument("program", type=Path, metavar="FILE.pte")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="text, encoded with the tokenizer")
+    prompt.add_argument("--prompt-ids", metavar="ID,ID,..", help="token ids (no tokenizer needed)")
+    gen.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json or tokenizer.model (default: the one export-llm wrote beside the program)",
+    )
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--debug", action="store_true", help="tracebacks and library logs")
+
     probe_cmd = commands.add_parser("probe", help="does the installed OpenVINO return stale outputs? (no ExecuTorch)")
     probe_cmd.add_argument("--device", default="CPU")
     probe_cmd.add_argument("--json", action="store_true")
@@ -105,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return commands.probe_command(args)
         if args.command == "lower":
             return commands.lower(args)
+        if args.command == "export-llm":
+            return commands.export_llm(args)
+        if args.command == "generate":
+            return commands.generate(args)
         return commands.verify(args)
     except (LoadError, UsageError) as error:
         if args.debug:

@@ -141,15 +141,15 @@ def _run_draws(
     result.outputs = [worst[key] for key in sorted(worst)]
 
 
-def _parse_sizes(text: str | None) -> list[int] | None:
+def _parse_sizes(text: str | None, option: str = "--sizes") -> list[int] | None:
     if text is None:
         return None
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise UsageError(f"--sizes {text!r}: expected comma-separated integers") from None
+        raise UsageError(f"{option} {text!r}: expected comma-separated integers") from None
     if not sizes:
-        raise UsageError(f"--sizes {text!r}: give at least one size")
+        raise UsageError(f"{option} {text!r}: give at least one")
     return sizes
 
 
@@ -192,3 +192,67 @@ def probe_command(args: argparse.Namespace) -> int:
         else:
             print("verdict: bug absent in this OpenVINO: the copy rule could be reconsidered")
     return EXIT_MISMATCH if found.bug_present else EXIT_OK
+
+
+def export_llm(args: argparse.Namespace) -> int:
+    from openvino_backend.llm.export import export_decoder
+    from openvino_backend.llm.models import ModelSourceError, load_decoder
+
+    try:
+        decoder = load_decoder(args.model, checkpoint=args.checkpoint, max_context=args.max_seq_len)
+    except ModelSourceError as error:
+        raise UsageError(str(error)) from error
+    try:
+        program = export_decoder(decoder, dynamic=not args.disable_dynamic_shapes)
+    except OpenvinoExportError as error:
+        print(f"model: {decoder.name}\n  export refused:\n    " + str(error).replace("\n", "\n    "))
+        return EXIT_REFUSED
+    _write(args.output, program.buffer)
+    print(f"model: {decoder.name} (vocabulary {decoder.vocab_size}, context {decoder.max_context})")
+    print(f"  wrote {args.output} ({len(program.buffer):,} bytes)")
+    if decoder.tokenizer is not None:
+        beside = tokenizer_beside(args.output, decoder.tokenizer.suffix)
+        _write(beside, decoder.tokenizer.read_bytes())
+        print(f"  tokenizer: {beside}")
+    return EXIT_OK
+
+
+def tokenizer_beside(program: Path, suffix: str) -> Path:
+    return program.with_name(f"{program.stem}.tokenizer{suffix}")
+
+
+def generate(args: argparse.Namespace) -> int:
+    from openvino_backend.llm.generate import Generator
+
+    if args.max_new_tokens < 1:
+        raise UsageError("--max-new-tokens must be at least 1")
+    tokenizer = None
+    path = args.tokenizer or next(
+        (p for p in (tokenizer_beside(args.program, s) for s in (".json", ".model")) if p.exists()), None
+    )
+    if path is not None:
+        from pytorch_tokenizers import get_tokenizer
+
+        tokenizer = get_tokenizer(str(path))
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise UsageError("--prompt needs a tokenizer (--tokenizer), or give --prompt-ids")
+        ids = list(tokenizer.encode(args.prompt, bos=True, eos=False))
+    else:
+        ids = _parse_sizes(args.prompt_ids, "--prompt-ids")
+    try:
+        generator = Generator(args.program.read_bytes())
+    except OSError as error:
+        raise UsageError(f"cannot read {args.program}: {error.strerror}") from error
+    outside = [i for i in ids if not 0 <= i < generator.vocab_size]
+    if outside:
+        raise UsageError(f"token ids {outside[:5]} are outside the program's vocabulary of {generator.vocab_size}")
+    run = generator.generate(ids, args.max_new_tokens)
+    text = tokenizer.decode(run.tokens) if tokenizer is not None else " ".join(map(str, run.tokens))
+    print(text)
+    print(
+        f"[{len(run.prompt)} prompt tokens in {run.prefill_ms:.1f} ms; {len(run.tokens)} new tokens, "
+        f"{run.ms_per_token:.2f} ms per token]",
+        file=stderr(),
+    )
+    return EXIT_OK

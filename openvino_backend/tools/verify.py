@@ -65,6 +65,13 @@ class LoadedMethod:
     def __call__(self, inputs: Sequence[object]) -> list[torch.Tensor]:
         return list(self._method.execute(list(inputs)))
 
+    def constant(self, name: str) -> object | None:
+        """What the program's constant method ``name`` returns (None if it has none)."""
+        if name not in self._program.method_names:
+            return None
+        values = self._program.load_method(name).execute([])
+        return values[0] if len(values) == 1 else list(values)
+
 
 def run_program(buffer: bytes, inputs: Sequence[torch.Tensor], method: str = "forward") -> list[torch.Tensor]:
     """Execute ``method`` of a serialized program on the ExecuTorch runtime, freshly loaded."""

@@ -1,0 +1,186 @@
+"""Decoder LLMs as one exportable interface: ``forward(tokens, start) -> logits``.
+
+``tokens`` is ``[1, S]`` (a prompt, or one new token), ``start`` is ``[1]``,
+the position of its first token; the result is the next-token logits
+``[1, vocab]``. The KV cache is a buffer the model updates, which the
+partitioner hands to OpenVINO as state (``lowering/state.py``).
+
+Two sources:
+
+* ExecuTorch's example Llama (``executorch.examples.models.llama``): a
+  ``params.json`` (the model's hyper-parameters), with an optional checkpoint;
+  random weights without one.
+* A Hugging Face ``transformers`` decoder (Llama, Qwen2, Phi-3, ...) from a
+  local directory: its weights when the directory has them, random weights
+  from its ``config.json`` otherwise. Needs ``transformers`` (the ``llm``
+  extra).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+class ModelSourceError(ValueError):
+    """What was given as a model is not one this recipe can build."""
+
+
+@dataclass
+class Decoder:
+    """An exportable decoder and what a runner needs to know about it."""
+
+    module: torch.nn.Module
+    name: str
+    vocab_size: int
+    max_context: int
+    # torch.export's mode: Hugging Face's static cache exports only with strict (dynamo) tracing.
+    strict: bool = False
+    tokenizer: Path | None = None
+    bos_id: int | None = None
+    eos_ids: list[int] = field(default_factory=list)
+
+
+class _ExamplesLlama(torch.nn.Module):
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        super().__init__()
+        self.transformer = transformer
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        return self.transformer(tokens, attn_options={"input_pos": start})
+
+
+class _HuggingFaceDecoder(torch.nn.Module):
+    def __init__(self, cached: torch.nn.Module) -> None:
+        super().__init__()
+        self.cached = cached
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], dtype=torch.long) + start
+        return self.cached(input_ids=tokens, cache_position=positions)[:, -1, :]
+
+
+def load_decoder(source: Path, *, checkpoint: Path | None = None, max_context: int = 128) -> Decoder:
+    """The decoder ``source`` describes: a ``params.json`` (or a directory holding one) for
+    ExecuTorch's example Llama, or a directory with a Hugging Face ``config.json``."""
+    if max_context < 2:
+        raise ModelSourceError(f"max_context {max_context}: a decoder needs a context of at least 2 tokens")
+    source = Path(source)
+    if not source.exists():
+        raise ModelSourceError(f"{source}: no such file or directory")
+    if source.is_file() and source.suffix == ".json":
+        return examples_llama(source, checkpoint=checkpoint, max_context=max_context)
+    if source.is_dir() and (source / "config.json").exists():
+        if checkpoint is not None:
+            raise ModelSourceError(
+                "--checkpoint is for ExecuTorch's example Llama; a Hugging Face directory holds its own"
+            )
+        return hugging_face_decoder(source, max_context=max_context)
+    if source.is_dir() and (source / "params.json").exists():
+        found = checkpoint or next(iter(sorted(source.glob("*.pth"))), None)
+        return examples_llama(source / "params.json", checkpoint=found, max_context=max_context)
+    raise ModelSourceError(
+        f"{source}: expected a params.json (ExecuTorch's example Llama), or a directory holding one, "
+        "or a Hugging Face model directory (with config.json)"
+    )
+
+
+def examples_llama(params: Path, *, checkpoint: Path | None = None, max_context: int = 128) -> Decoder:
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    try:
+        fields = json.loads(Path(params).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ModelSourceError(f"{params}: cannot read the model's parameters ({error})") from error
+    known = set(ModelArgs.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        logger.warning("%s: ignoring fields ExecuTorch's Llama does not know: %s", params, ", ".join(unknown))
+    fields = {k: v for k, v in fields.items() if k in known}
+    fields.update(
+        use_kv_cache=True,
+        enable_dynamic_shape=True,  # one program prefills a prompt of any length and decodes
+        max_seq_len=max_context,
+        max_context_len=max_context,
+        generate_full_logits=False,
+    )
+    args = ModelArgs(**fields)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # random weights (no checkpoint) are the same on every export
+        transformer = construct_transformer(args)
+    if checkpoint is not None:
+        _load_checkpoint(transformer, checkpoint)
+    directory = Path(params).parent
+    return Decoder(
+        module=_ExamplesLlama(transformer.eval()),
+        name=f"llama-{args.dim}x{args.n_layers}",
+        vocab_size=args.vocab_size,
+        max_context=max_context,
+        tokenizer=_tokenizer_in(directory),
+    )
+
+
+def _load_checkpoint(transformer: torch.nn.Module, checkpoint: Path) -> None:
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # a missing file, or not a torch checkpoint
+        raise ModelSourceError(f"{checkpoint}: cannot load the checkpoint ({error})") from error
+    state = state.get("model", state) if isinstance(state, dict) else state
+    missing, unexpected = transformer.load_state_dict(state, strict=False)
+    # The KV cache, masks and rotary tables are buffers no checkpoint holds.
+    params = {name for name, _ in transformer.named_parameters()}
+    missing_weights = sorted(set(missing) & params)
+    if missing_weights or unexpected:
+        raise ModelSourceError(
+            f"{checkpoint} does not fit the model of its params.json: missing {missing_weights[:4]}, "
+            f"unexpected {sorted(unexpected)[:4]}"
+        )
+
+
+def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+        from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+    except ImportError as error:
+        raise ModelSourceError(
+            "a Hugging Face model needs transformers: pip install 'openvino-backend[llm]'"
+        ) from error
+    config = AutoConfig.from_pretrained(directory)
+    if any((directory / name).exists() for name in HF_WEIGHTS):
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa")
+    else:
+        logger.warning("%s has no weights: the model gets random ones, from its config.json", directory)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)  # the same on every export
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = model.to(torch.float32).eval()
+    model.generation_config = GenerationConfig(
+        use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": max_context}
+    )
+    cached = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_context)
+    text = config.get_text_config()
+    eos = text.eos_token_id if isinstance(text.eos_token_id, list) else [text.eos_token_id]
+    return Decoder(
+        module=_HuggingFaceDecoder(cached).eval(),
+        name=f"{config.model_type}-{directory.name}",
+        vocab_size=text.vocab_size,
+        max_context=max_context,
+        strict=True,
+        tokenizer=_tokenizer_in(directory),
+        bos_id=text.bos_token_id,
+        eos_ids=[e for e in eos if e is not None],
+    )
+
+
+def _tokenizer_in(directory: Path) -> Path | None:
+    return next((directory / name for name in TOKENIZER_FILES if (directory / name).exists()), None)

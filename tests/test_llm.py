@@ -1,0 +1,120 @@
+"""The LLM recipe: decoders exported with their KV cache in OpenVINO state, run on ExecuTorch's runtime."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from openvino_backend.llm.export import export_decoder
+from openvino_backend.llm.generate import Generator
+from openvino_backend.llm.models import Decoder, ModelSourceError, load_decoder
+from openvino_backend.runtime import Tolerance
+from openvino_backend.tools.cli import main
+from openvino_backend.tools.results import EXIT_OK, EXIT_USAGE
+
+TINY_LLAMA = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
+CONTEXT = 64
+
+
+def _assert_follows_eager(decoder: Decoder, eager: torch.nn.Module, layers: int, dim: int, steps: int = 32) -> None:
+    """Prefill an 8-token prompt in one call, then decode ``steps`` tokens (the eager model's choice
+    each time), comparing every logits vector with eager's at the runtime's precision."""
+    program = export_decoder(decoder)
+    lowered = program.exported_program()
+    # Nothing cache-sized is written back by ExecuTorch (a transformers model keeps 0-d position
+    # counters with ExecuTorch: the runtime cannot bind 0-d tensors).
+    remaining = set(lowered.graph_signature.buffers_to_mutate.values())
+    buffers = lowered.graph_signature.inputs_to_buffers
+    sizes = [
+        n.meta["val"].numel() for n in lowered.graph.find_nodes(op="placeholder") if buffers.get(n.name) in remaining
+    ]
+    assert all(size <= 1 for size in sizes), f"a KV cache is copied through the delegate: {remaining}"
+    generator = Generator(program.buffer)
+    tokens = torch.randint(0, decoder.vocab_size, (8,), generator=torch.Generator().manual_seed(0)).tolist()
+    position = 0
+    for step in range(steps + 1):
+        with torch.no_grad():
+            want = eager(torch.tensor([tokens]), torch.tensor([position]))[-1]
+        got = generator(tokens)
+        tolerance = Tolerance.for_output(torch.float32, terms=dim, scale=want.abs().max().item(), ops=4 * layers)
+        assert tolerance.check(got, want), (step, (got - want).abs().max().item(), tolerance)
+        position += len(tokens)
+        tokens = [int(want.argmax())]
+
+
+@pytest.fixture
+def llama_params(tmp_path: Path) -> Path:
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return path
+
+
+def test_example_llama_prefills_in_one_call_and_decodes_like_eager(llama_params: Path) -> None:
+    decoder = load_decoder(llama_params, max_context=CONTEXT)
+    _assert_follows_eager(decoder, copy.deepcopy(decoder.module), TINY_LLAMA["n_layers"], TINY_LLAMA["dim"])
+
+
+def test_the_whole_cache_stays_in_openvino_and_any_prompt_length_runs(llama_params: Path) -> None:
+    decoder = load_decoder(llama_params, max_context=CONTEXT)
+    eager = copy.deepcopy(decoder.module)
+    from openvino_backend.llm.export import example_inputs
+    from openvino_backend.partition.partitioner import OpenvinoPartitioner
+
+    partitioner = OpenvinoPartitioner(sample_inputs=example_inputs(decoder))
+    program = export_decoder(decoder, partitioner=partitioner)
+    assert len(partitioner.report.state_buffers) == 2 * TINY_LLAMA["n_layers"]  # a key and a value cache per layer
+    for length in (1, CONTEXT - 1):  # the bounds of the prompt's dynamic dim, each in one call
+        tokens = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length))
+        got = Generator(program.buffer)(tokens[0].tolist())
+        with torch.no_grad():
+            want = copy.deepcopy(eager)(tokens, torch.tensor([0]))[-1]
+        assert Tolerance.for_output(torch.float32, terms=64, scale=want.abs().max().item(), ops=8).check(got, want)
+
+
+def test_a_prompt_beyond_the_context_is_refused(llama_params: Path) -> None:
+    generator = Generator(export_decoder(load_decoder(llama_params, max_context=8)).buffer)
+    with pytest.raises(ValueError, match="exceed the program's context of 8"):
+        generator(list(range(9)))
+
+
+def test_a_hugging_face_decoder_from_its_config_decodes_like_eager(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
+    transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=CONTEXT,
+    ).save_pretrained(tmp_path)
+    decoder = load_decoder(tmp_path, max_context=CONTEXT)
+    _assert_follows_eager(decoder, copy.deepcopy(decoder.module), layers=2, dim=64, steps=8)
+
+
+def test_export_and_generate_from_the_command_line(tmp_path: Path, llama_params: Path, capsys) -> None:
+    program = tmp_path / "tiny.pte"
+    assert main(["export-llm", str(llama_params), "-o", str(program), "--max-seq-len", str(CONTEXT)]) == EXIT_OK
+    assert "wrote" in capsys.readouterr().out
+    assert main(["generate", str(program), "--prompt-ids", "1,5,9", "--max-new-tokens", "6"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    decoder = load_decoder(llama_params, max_context=CONTEXT)  # the same random weights: seeded
+    with torch.no_grad():
+        logits = decoder.module(torch.tensor([[1, 5, 9]]), torch.tensor([0]))
+    assert out.split()[0] == str(int(logits.argmax()))  # the first token is unambiguous at any precision
+    assert len(out.split()) == 6 and "3 prompt tokens" in err
+
+
+def test_bad_model_sources_are_refused_by_name(tmp_path: Path, capsys) -> None:
+    with pytest.raises(ModelSourceError, match=r"expected a params\.json"):
+        load_decoder(tmp_path)
+    assert main(["export-llm", str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.pte")]) == EXIT_USAGE
+    assert "missing.json: no such file or directory" in capsys.readouterr().err
+    broken = tmp_path / "params.json"
+    broken.write_text("{")
+    assert main(["export-llm", str(broken), "-o", str(tmp_path / "x.pte")]) == EXIT_USAGE
+    assert "cannot read the model's parameters" in capsys.readouterr().err
