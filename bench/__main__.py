@@ -32,6 +32,8 @@ from bench.dynamic import HEADERS as DYNAMIC_HEADERS
 from bench.dynamic import bench_dynamic
 from bench.int8 import HEADERS as INT8_HEADERS
 from bench.int8 import bench_int8
+from bench.llm import HEADERS as LLM_HEADERS
+from bench.llm import bench_llm
 from bench.models import MODELS, inputs_for
 from bench.scaling import time_proposal, time_rules, time_validation
 from openvino_backend.runtime import inference_precision, openvino_version
@@ -300,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dynamic", action="store_true", help="only the dynamic-shape table")
     parser.add_argument("--int8", action="store_true", help="only the INT8 table")
     parser.add_argument("--large", action="store_true", help="only the large-decoder lowering table")
+    parser.add_argument("--llm", action="store_true", help="only the LLM table (decode, prefill, per-call cost)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
@@ -312,6 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         f"OpenVINO {openvino_version()} (CPU computes f32 as {inference_precision('CPU')}); "
         f"torch {torch.__version__}"
     )
+    if args.llm:
+        rows, (ours_call, xnnpack_call) = bench_llm(args.quick)
+        print("\nLLM (ExecuTorch's example Llama, random weights), median ms through executorch.runtime")
+        print(tabulate(rows, headers=LLM_HEADERS))
+        print(f"\nOne call of an 8-wide linear layer: ours {ours_call:.3f} ms, XNNPACK {xnnpack_call:.3f} ms")
+        return 0
     if args.large:
         with tempfile.TemporaryDirectory() as tmp:
             rows = bench_large(reps, Path(tmp))

@@ -15,10 +15,10 @@ from collections.abc import Callable
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-from bench.dynamic import _error, _Method, _ms
+from bench.dynamic import _error, _ms
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.tools.quantize import quantize_int8
-from openvino_backend.tools.verify import flatten_outputs, lower_exported
+from openvino_backend.tools.verify import LoadedMethod, flatten_outputs, lower_exported
 from zoo import ResidualCNN, ResNet18, TransformerEncoder
 
 MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor]]] = {
@@ -36,13 +36,13 @@ def bench_int8(reps: int, iterations: int) -> list[tuple]:
         module, x = build().eval(), draw()
         quantized = quantize_int8(module, (x,), [(draw(),) for _ in range(CALIBRATION_DRAWS)])
         programs = {
-            "float": _Method(
+            "float": LoadedMethod(
                 lower_exported(torch.export.export(module, (x,)), partitioner=OpenvinoPartitioner()).buffer
             ),
-            "int8": _Method(
+            "int8": LoadedMethod(
                 lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner()).buffer
             ),
-            "xnnpack int8": _Method(
+            "xnnpack int8": LoadedMethod(
                 lower_exported(torch.export.export(quantized, (x,)), partitioner=XnnpackPartitioner()).buffer
             ),
         }
@@ -73,8 +73,8 @@ def bench_int8(reps: int, iterations: int) -> list[tuple]:
     return rows
 
 
-def _lowered(module: torch.nn.Module, x: torch.Tensor) -> _Method:
-    return _Method(lower_exported(torch.export.export(module, (x,)), partitioner=OpenvinoPartitioner()).buffer)
+def _lowered(module: torch.nn.Module, x: torch.Tensor) -> LoadedMethod:
+    return LoadedMethod(lower_exported(torch.export.export(module, (x,)), partitioner=OpenvinoPartitioner()).buffer)
 
 
 HEADERS = (

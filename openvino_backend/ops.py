@@ -110,6 +110,10 @@ FAMILIES: tuple[OpFacts, ...] = (
     # Translated by the FX frontend (LogicalAnd/Or/Xor) though the table omits them; a causal
     # mask is built with logical_and.
     OpFacts(("aten.logical_and.default", "aten.logical_or.default", "aten.logical_xor.default"), convertible=True),
+    # NNCF's 4-bit weights are unpacked with it: the FX frontend translates it (though the table
+    # omits it) and folds the unpacking into a u4 constant, so the weight stays compressed. It is no
+    # core ATen op: to_edge needs it in EdgeCompileConfig's _core_aten_ops_exception_list.
+    OpFacts(("aten.bitwise_right_shift.Tensor_Scalar",), convertible=True),
     # lowering/convert.py turns it into an OpenVINO Pad; it has no CPU kernel, so it is always delegated.
     OpFacts((PAD_OP,), convertible=True),
     OpFacts(("aten.avg_pool2d.default", "aten.avg_pool3d.default"), computes_differently=_avg_pool_ceil_overhang),

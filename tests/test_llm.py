@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from openvino_backend.llm.export import export_decoder
+from openvino_backend.llm.export import CompressionError, export_decoder
 from openvino_backend.llm.generate import Generator
 from openvino_backend.llm.models import Decoder, ModelSourceError, load_decoder
 from openvino_backend.runtime import Tolerance
@@ -118,3 +118,33 @@ def test_bad_model_sources_are_refused_by_name(tmp_path: Path, capsys) -> None:
     broken.write_text("{")
     assert main(["export-llm", str(broken), "-o", str(tmp_path / "x.pte")]) == EXIT_USAGE
     assert "cannot read the model's parameters" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def wide_llama(tmp_path_factory: pytest.TempPathFactory) -> Decoder:
+    # Wide enough that weights dominate the program, as in any real LLM.
+    path = tmp_path_factory.mktemp("wide") / "params.json"
+    path.write_text(json.dumps({"dim": 256, "n_layers": 2, "n_heads": 4, "vocab_size": 512}))
+    return load_decoder(path, max_context=CONTEXT)
+
+
+@pytest.mark.parametrize(("weights", "largest_share"), [("int8", 0.35), ("int4", 0.25)])
+def test_compressed_weights_stay_compressed_and_keep_the_logits(
+    wide_llama: Decoder, weights: str, largest_share: float
+) -> None:
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    f32 = export_decoder(wide_llama).buffer
+    compressed = export_decoder(wide_llama, weights=weights).buffer
+    assert len(compressed) <= largest_share * len(f32), (len(compressed), len(f32))
+    tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = copy.deepcopy(wide_llama.module)(tokens, torch.tensor([0]))[-1]
+    got = Generator(compressed)(tokens[0].tolist())
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.99
+
+
+def test_compression_is_refused_by_name_when_asked_wrongly(wide_llama: Decoder) -> None:
+    with pytest.raises(CompressionError, match="weights 'int3'"):
+        export_decoder(wide_llama, weights="int3")
+    with pytest.raises(CompressionError, match="outside the vocabulary of 512"):
+        export_decoder(wide_llama, weights="int4", calibration=[[1, 600]])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,3 +158,11 @@ def test_export_state_gives_each_program_back_its_own_weights() -> None:
     for program, fake in fakes:
         assert all(fake.state_dict[k] is v for k, v in program.state_dict.items())
     assert state.real_states == []
+
+
+@pytest.mark.parametrize("package", ["bench", "fuzz"])
+def test_every_module_of_the_tools_around_the_package_imports(package: str) -> None:
+    # They are run by hand, not by the suite: a rename in the package would otherwise break them unseen.
+    root = Path(__file__).resolve().parent.parent / package
+    for path in sorted(root.glob("*.py")):
+        importlib.import_module(f"{package}.{path.stem}" if path.stem != "__init__" else package)

@@ -1,17 +1,37 @@
 """A decoder to a ``.pte`` lowered by this backend: one program that prefills a prompt of any
-length in one call and decodes, its KV cache in OpenVINO state."""
+length in one call and decodes, its KV cache in OpenVINO state, its weights in f32 or
+compressed to 8 or 4 bits.
+
+Compressed weights are NNCF's (``nncf.compress_weights`` on the exported graph: OpenVINO's own
+scheme, INT8 asymmetric per channel or INT4 symmetric in groups of 128; with AWQ and scale
+estimation when calibration prompts are given). The integer weights and their dequantize reach
+OpenVINO as they are, which keeps them compressed in the compiled model: the ``.pte`` stores
+them at 8 or 4 bits, and decode reads a quarter or an eighth of the bytes.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
-from executorch.exir import ExecutorchProgramManager, to_edge_transform_and_lower
+from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager, to_edge_transform_and_lower
 
 from openvino_backend.llm.models import Decoder
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 
 logger = logging.getLogger(__name__)
+
+Weights = Literal["f32", "int8", "int4"]
+WEIGHTS: tuple[str, ...] = ("f32", "int8", "int4")
+INT4_GROUP = 128
+# NNCF unpacks 4-bit weights with a shift that is no core ATen op; OpenVINO folds it into a u4 constant.
+_UNPACKING_OPS = [torch.ops.aten.bitwise_right_shift.Tensor_Scalar]
+
+
+class CompressionError(ValueError):
+    """The weights cannot be compressed as asked."""
 
 
 def example_inputs(decoder: Decoder, prompt: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,17 +57,33 @@ def metadata(decoder: Decoder, dynamic: bool) -> dict[str, object]:
 
 
 def export_decoder(
-    decoder: Decoder, *, dynamic: bool = True, partitioner: OpenvinoPartitioner | None = None
+    decoder: Decoder,
+    *,
+    dynamic: bool = True,
+    weights: Weights = "f32",
+    calibration: Sequence[Sequence[int]] = (),
+    partitioner: OpenvinoPartitioner | None = None,
 ) -> ExecutorchProgramManager:
     """Export and lower ``decoder``. ``dynamic``: prompts of 1 to ``max_context - 1`` tokens in one
-    call; otherwise one token per call."""
+    call; otherwise one token per call. ``weights``: ``f32``, or compressed to ``int8`` / ``int4``;
+    ``calibration`` prompts (token ids) turn on AWQ and scale estimation for ``int4``."""
+    if weights not in WEIGHTS:
+        raise CompressionError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS)}")
     inputs = example_inputs(decoder, 3 if dynamic else 1)
     shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None) if dynamic else None
     with torch.no_grad():
         exported = torch.export.export(decoder.module, inputs, dynamic_shapes=shapes, strict=decoder.strict)
+        if weights != "f32":
+            compressed = compress_weights(exported.module(), weights, calibration, decoder)
+            exported = torch.export.export(compressed, inputs, dynamic_shapes=shapes)
     # The numerical check runs on a real prompt at position 0 (drawn positions could be negative).
     partitioner = partitioner or OpenvinoPartitioner(sample_inputs=inputs)
-    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner], constant_methods=metadata(decoder, dynamic))
+    edge = to_edge_transform_and_lower(
+        exported,
+        partitioner=[partitioner],
+        compile_config=EdgeCompileConfig(_core_aten_ops_exception_list=list(_UNPACKING_OPS)),
+        constant_methods=metadata(decoder, dynamic),
+    )
     report = partitioner.report
     logger.info(
         "%s: %d of %d ops in OpenVINO, %d buffer(s) kept as OpenVINO state",
@@ -57,3 +93,32 @@ def export_decoder(
         len(report.state_buffers),
     )
     return edge.to_executorch()
+
+
+def compress_weights(
+    graph_module: torch.fx.GraphModule, weights: Weights, calibration: Sequence[Sequence[int]], decoder: Decoder
+) -> torch.fx.GraphModule:
+    """The exported graph with its linear and embedding weights compressed by NNCF."""
+    try:
+        import nncf
+    except ImportError as error:
+        raise CompressionError("compressed weights need nncf: pip install 'openvino-backend[quantize]'") from error
+    options: dict[str, object] = {}
+    if weights == "int8":
+        options["mode"] = nncf.CompressWeightsMode.INT8_ASYM
+    else:
+        options.update(mode=nncf.CompressWeightsMode.INT4_SYM, group_size=INT4_GROUP)
+        if calibration:
+            samples = [
+                (torch.tensor([list(prompt)], dtype=torch.long), torch.tensor([0], dtype=torch.long))
+                for prompt in calibration
+            ]
+            options.update(dataset=nncf.Dataset(samples), awq=True, scale_estimation=True, subset_size=len(samples))
+    if calibration and weights != "int4":
+        logger.warning("calibration prompts only serve 4-bit weights (AWQ, scale estimation): ignored")
+    outside = [t for prompt in calibration for t in prompt if not 0 <= t < decoder.vocab_size]
+    if outside:
+        raise CompressionError(
+            f"calibration token ids {outside[:5]} are outside the vocabulary of {decoder.vocab_size}"
+        )
+    return nncf.compress_weights(graph_module, **options)

@@ -109,6 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one token per call, prompt included (default: a prompt of any length in one call)",
     )
+    llm.add_argument(
+        "--weights",
+        choices=("f32", "int8", "int4"),
+        default="f32",
+        help="weights kept compressed in OpenVINO: int8 (asymmetric, per channel) or int4 (symmetric, "
+        "groups of 128), NNCF's scheme; default f32",
+    )
+    llm.add_argument(
+        "--qlinear",
+        choices=("8w", "4w"),
+        help="optimum-executorch's spelling of --weights int8 / int4",
+    )
+    llm.add_argument(
+        "--calibration-prompt",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="with int4: a prompt (tokenized with the model's tokenizer) for AWQ and scale estimation; repeatable",
+    )
     llm.add_argument("--debug", action="store_true", help="tracebacks and library logs")
 
     gen = commands.add_parser("generate", help="generate text from an exported LLM on ExecuTorch's runtime")

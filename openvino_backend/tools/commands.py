@@ -195,20 +195,35 @@ def probe_command(args: argparse.Namespace) -> int:
 
 
 def export_llm(args: argparse.Namespace) -> int:
-    from openvino_backend.llm.export import export_decoder
+    from openvino_backend.llm.export import CompressionError, export_decoder
     from openvino_backend.llm.models import ModelSourceError, load_decoder
 
+    weights = {"8w": "int8", "4w": "int4"}.get(args.qlinear, args.weights)
+    if args.qlinear is not None and args.weights not in ("f32", weights):
+        raise UsageError(f"--qlinear {args.qlinear} and --weights {args.weights} disagree")
     try:
         decoder = load_decoder(args.model, checkpoint=args.checkpoint, max_context=args.max_seq_len)
     except ModelSourceError as error:
         raise UsageError(str(error)) from error
+    calibration = []
+    if args.calibration_prompt:
+        if decoder.tokenizer is None:
+            raise UsageError("--calibration-prompt needs the model's tokenizer (tokenizer.json or tokenizer.model)")
+        from pytorch_tokenizers import get_tokenizer
+
+        tokenizer = get_tokenizer(str(decoder.tokenizer))
+        calibration = [list(tokenizer.encode(text, bos=True, eos=False)) for text in args.calibration_prompt]
     try:
-        program = export_decoder(decoder, dynamic=not args.disable_dynamic_shapes)
+        program = export_decoder(
+            decoder, dynamic=not args.disable_dynamic_shapes, weights=weights, calibration=calibration
+        )
+    except CompressionError as error:
+        raise UsageError(str(error)) from error
     except OpenvinoExportError as error:
         print(f"model: {decoder.name}\n  export refused:\n    " + str(error).replace("\n", "\n    "))
         return EXIT_REFUSED
     _write(args.output, program.buffer)
-    print(f"model: {decoder.name} (vocabulary {decoder.vocab_size}, context {decoder.max_context})")
+    print(f"model: {decoder.name} (vocabulary {decoder.vocab_size}, context {decoder.max_context}, weights {weights})")
     print(f"  wrote {args.output} ({len(program.buffer):,} bytes)")
     if decoder.tokenizer is not None:
         beside = tokenizer_beside(args.output, decoder.tokenizer.suffix)

@@ -8,9 +8,10 @@ OpenVINO receives a constant.
 
 Two limits keep the program from growing: a folded tensor larger than
 ``max_bytes`` stays a computation (a 2048x2048 mask is cheaper to build at
-run time than to store), and nothing derived from a parameter is folded
-(weights reach OpenVINO as they are, with their dequantize for INT8; a
-folded copy of a transposed weight would store it twice).
+run time than to store), and nothing derived from a weight is folded
+(weights reach OpenVINO as they are, with their dequantize for INT8 and
+compressed weights; a folded copy of a transposed weight would store it
+twice).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from openvino_backend.ops import not_folded
 logger = logging.getLogger(__name__)
 
 MAX_FOLDED_BYTES = 1 << 18
+# A stored constant up to this size is a literal of the model's code (a scalar, a small table), not a weight.
+MAX_LITERAL_BYTES = 1 << 10
 
 
 def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDED_BYTES) -> ExportedProgram:
@@ -63,15 +66,18 @@ def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDE
 def _foldable(program: ExportedProgram, max_bytes: int) -> dict[torch.fx.Node, torch.Tensor]:
     """Constant placeholders and the computed nodes to fold, with values; empty if nothing to fold."""
     values = get_propagated_const_tensor_dict(program, custom_skip_targets=set(not_folded()))
-    parameters = set(program.graph_signature.inputs_to_parameters)
+    signature = program.graph_signature
+    stored = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
     outputs = set(program.graph.output_node().all_input_nodes)
-    # Never folded, nor anything computed from them: parameters, and tensors the program changes
-    # in place (a folded one would be a constant that the program mutates, which torch refuses).
+    # Never folded, nor anything computed from them: weights (parameters, buffers, and constants
+    # larger than a literal: a compressed weight's dequantize must reach OpenVINO as it is), and
+    # tensors the program changes in place (a folded one would be a constant that the program
+    # mutates, which torch refuses).
     unfoldable: set[torch.fx.Node] = mutated_in_place(program.graph)
     folded = {}
     for node, value in values.items():
         if node.op == "placeholder":
-            if node.name in parameters:
+            if node.name in stored or (isinstance(value, torch.Tensor) and _nbytes(value) > MAX_LITERAL_BYTES):
                 unfoldable.add(node)
             elif node not in unfoldable:
                 folded[node] = value

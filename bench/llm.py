@@ -1,0 +1,142 @@
+"""LLMs: the recipe's program (``openvino_backend.llm``) against XNNPACK, and against itself.
+
+ExecuTorch's example Llama with random weights (vocabulary 2048), batch 1,
+median milliseconds through ``executorch.runtime``:
+
+* decode: one token per call after a 64-token prompt; ours at context 128 and
+  2048 (the KV cache stays in OpenVINO state, so a longer context must not
+  cost a copy per call), ours exported static (one token per call), and
+  XNNPACK (static, its usual export; the cache is a mutable buffer ExecuTorch
+  copies back).
+* prefill: the 64-token prompt in one call against 64 one-token calls.
+* the fixed cost of a call: an 8-wide linear layer, ours against XNNPACK.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
+
+from openvino_backend.llm.export import example_inputs, export_decoder
+from openvino_backend.llm.generate import Generator
+from openvino_backend.llm.models import Decoder, load_decoder
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.tools.verify import LoadedMethod
+
+PROMPT = 64
+STEPS = 32
+CONFIGS = {
+    "llama 256x4": {"dim": 256, "n_layers": 4, "n_heads": 4, "vocab_size": 2048},
+    "llama 1024x8": {"dim": 1024, "n_layers": 8, "n_heads": 16, "vocab_size": 2048},
+}
+HEADERS = (
+    "model",
+    "decode ms (ctx 128)",
+    "ctx 2048 / 128",
+    "static ms",
+    "dynamic / static",
+    "XNNPACK ms",
+    "ours / XNNPACK",
+    "prefill 64: one call ms",
+    "64 calls / one call",
+)
+
+
+def _decoder(params: dict, context: int, directory: Path) -> Decoder:
+    path = directory / "params.json"
+    path.write_text(json.dumps(params))
+    return load_decoder(path, max_context=context)
+
+
+def _decode_ms(generator: Generator, prompt: list[int]) -> float:
+    logits = generator(prompt)
+    times = []
+    for _ in range(STEPS):
+        start = time.perf_counter()
+        logits = generator([int(logits.argmax())])
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def _xnnpack_decode_ms(decoder: Decoder, prompt: list[int]) -> float:
+    inputs = example_inputs(decoder, 1)
+    with torch.no_grad():
+        exported = torch.export.export(decoder.module, inputs)
+    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
+    method = LoadedMethod(program.buffer)
+    position = 0
+    for token in prompt:
+        logits = method([torch.tensor([[token]]), torch.tensor([position])])[0]
+        position += 1
+    times = []
+    for _ in range(STEPS):
+        token = torch.tensor([[int(logits.argmax())]])
+        start = time.perf_counter()
+        logits = method([token, torch.tensor([position])])[0]
+        times.append(1000 * (time.perf_counter() - start))
+        position += 1
+    return statistics.median(times)
+
+
+def _call_cost_ms() -> tuple[float, float]:
+    """Median time of one call of a tiny program (Linear 8x8): ours, XNNPACK."""
+    model, x = torch.nn.Linear(8, 8).eval(), torch.randn(1, 8)
+    exported = torch.export.export(model, (x,))
+    costs = []
+    for partitioner in (OpenvinoPartitioner(), XnnpackPartitioner()):
+        method = LoadedMethod(to_edge_transform_and_lower(exported, partitioner=[partitioner]).to_executorch().buffer)
+        for _ in range(50):
+            method([x])
+        times = []
+        for _ in range(500):
+            start = time.perf_counter()
+            method([x])
+            times.append(1000 * (time.perf_counter() - start))
+        costs.append(statistics.median(times))
+    return costs[0], costs[1]
+
+
+def bench_llm(quick: bool) -> tuple[list[tuple], tuple[float, float]]:
+    rows = []
+    names = ["llama 256x4"] if quick else list(CONFIGS)
+    prompt = torch.randint(0, 2048, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            decoder = _decoder(CONFIGS[name], 128, Path(tmp))
+            dynamic = export_decoder(decoder).buffer
+            decode = _decode_ms(Generator(dynamic), prompt)
+            one_call = Generator(dynamic)
+            start = time.perf_counter()
+            one_call(prompt)
+            prefill = 1000 * (time.perf_counter() - start)
+            static_program = export_decoder(decoder, dynamic=False).buffer
+            static = _decode_ms(Generator(static_program), prompt)
+            token_by_token = Generator(static_program)
+            start = time.perf_counter()
+            token_by_token(prompt)
+            calls = 1000 * (time.perf_counter() - start)
+            xnnpack = _xnnpack_decode_ms(decoder, prompt)
+            long_context = _decode_ms(
+                Generator(export_decoder(_decoder(CONFIGS[name], 2048, Path(tmp))).buffer), prompt
+            )
+        rows.append(
+            (
+                name,
+                f"{decode:.2f}",
+                f"{long_context / decode:.2f}",
+                f"{static:.2f}",
+                f"{decode / static:.2f}",
+                f"{xnnpack:.2f}",
+                f"{decode / xnnpack:.2f}",
+                f"{prefill:.1f}",
+                f"{calls / prefill:.1f}",
+            )
+        )
+    return rows, _call_cost_ms()
