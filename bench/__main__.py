@@ -33,6 +33,7 @@ from bench.dynamic import bench_dynamic
 from bench.int8 import HEADERS as INT8_HEADERS
 from bench.int8 import bench_int8
 from bench.llm import HEADERS as LLM_HEADERS
+from bench.llm import WEIGHT_HEADERS as LLM_WEIGHT_HEADERS
 from bench.llm import bench_llm
 from bench.models import MODELS, inputs_for
 from bench.scaling import time_proposal, time_rules, time_validation
@@ -316,9 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}"
     )
     if args.llm:
-        rows, (ours_call, xnnpack_call) = bench_llm(args.quick)
+        rows, weight_rows, (ours_call, xnnpack_call) = bench_llm(args.quick)
         print("\nLLM (ExecuTorch's example Llama, random weights), median ms through executorch.runtime")
         print(tabulate(rows, headers=LLM_HEADERS))
+        print("\nLLM weights: compressed in OpenVINO vs f32 (decode at context 128)")
+        print(tabulate(weight_rows, headers=LLM_WEIGHT_HEADERS))
         print(f"\nOne call of an 8-wide linear layer: ours {ours_call:.3f} ms, XNNPACK {xnnpack_call:.3f} ms")
         return 0
     if args.large:

@@ -81,6 +81,7 @@ def test_a_prompt_beyond_the_context_is_refused(llama_params: Path) -> None:
         generator(list(range(9)))
 
 
+@pytest.mark.slow
 def test_a_hugging_face_decoder_from_its_config_decodes_like_eager(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
     transformers.Qwen2Config(
@@ -128,6 +129,7 @@ def wide_llama(tmp_path_factory: pytest.TempPathFactory) -> Decoder:
     return load_decoder(path, max_context=CONTEXT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("weights", "largest_share"), [("int8", 0.35), ("int4", 0.25)])
 def test_compressed_weights_stay_compressed_and_keep_the_logits(
     wide_llama: Decoder, weights: str, largest_share: float

@@ -9,8 +9,8 @@ import torch
 from openvino_backend.diagnostics import PassError
 from openvino_backend.lowering.convert import convert
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
-from openvino_backend.runtime import openvino_core
-from openvino_backend.tools.verify import check_run, lower_exported
+from openvino_backend.runtime import Tolerance, openvino_core
+from openvino_backend.tools.verify import LoadedMethod, check_run, lower_exported
 from tests.harness import execute_layer_test, non_delegated_ops
 
 
@@ -188,3 +188,32 @@ def test_a_failing_rewrite_is_a_typed_error_naming_the_node(monkeypatch) -> None
     error = caught.value
     assert "RecomposeMatmulPass failed: ValueError: a bug in a rewrite" in str(error)
     assert error.locations and "torch.matmul(a, b)" in error.locations[0].code
+
+
+class RowsFromPosition(torch.nn.Module):
+    """Rows of a table from a position read out of an input tensor: a KV-cached model's rotary table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(32, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        start = position[0].item()
+        torch._check_is_size(start)
+        torch._check(start < 16)
+        return x * self.table.narrow(0, start, x.shape[0])
+
+
+def test_a_slice_bounded_by_sizes_from_the_cpu_runs_in_openvino_at_every_position() -> None:
+    # Its bounds arrive as scalars the runtime binds as i64[1]; OpenVINO's Slice needs them 1-D.
+    shapes = ({0: torch.export.Dim("rows", min=1, max=16)}, None)
+    exported = torch.export.export(RowsFromPosition(), (torch.randn(3, 4), torch.tensor([2])), dynamic_shapes=shapes)
+    partitioner = OpenvinoPartitioner()
+    program = lower_exported(exported, partitioner=partitioner)
+    assert "aten.slice_copy.Tensor" not in {kept.node.op for kept in partitioner.report.kept_out}
+    method = LoadedMethod(program.buffer)
+    for rows, start in ((3, 0), (5, 7), (1, 15), (16, 0)):
+        x, position = torch.randn(rows, 4), torch.tensor([start])
+        want = RowsFromPosition()(x, position)
+        (got,) = method([x, position])
+        assert Tolerance.for_output(torch.float32, scale=want.abs().max().item()).check(got, want), (rows, start)

@@ -45,12 +45,15 @@ def input_signature(graph_module: torch.fx.GraphModule) -> list[tuple[ov.Type, o
 
 
 def _bind_scalar_as_vector(parameter: ov.Node) -> None:
-    """The runtime binds an int input as i64[1]; the converted ops read it as a scalar."""
+    """The runtime binds an int input as i64[1]; the converted ops read it as a scalar, except a
+    Slice's bounds, which must be 1-D (the frontend leaves them as they come when their rank was
+    unknown at conversion, as a size passed into the partition's is)."""
     readers = list(parameter.output(0).get_target_inputs())
     parameter.set_partial_shape(ov.PartialShape([1]))
     scalar = opset.squeeze(parameter, int_constant([0]))
     for reader in readers:
-        reader.replace_source_output(scalar.output(0))
+        bound = reader.get_node().get_type_name() == "Slice" and reader.get_index() > 0
+        reader.replace_source_output(parameter.output(0) if bound else scalar.output(0))
 
 
 def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) -> ov.Model:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -199,6 +200,8 @@ def export_llm(args: argparse.Namespace) -> int:
     from openvino_backend.llm.models import ModelSourceError, load_decoder
 
     weights = {"8w": "int8", "4w": "int4"}.get(args.qlinear, args.weights)
+    if not args.debug:  # NNCF reports each compression with a table and a progress bar on stdout
+        logging.getLogger("nncf").setLevel(logging.ERROR)
     if args.qlinear is not None and args.weights not in ("f32", weights):
         raise UsageError(f"--qlinear {args.qlinear} and --weights {args.weights} disagree")
     try:
