@@ -103,6 +103,8 @@ def test_an_op_kept_whole_then_refused_is_a_typed_error() -> None:
     with pytest.raises(CpuKernelError) as caught:
         lower(Upsample(), (torch.randn(1, 2, 3, 4),), partitioner=partitioner)
     assert "was kept whole for OpenVINO" in str(caught.value)
+    # Why OpenVINO does not take it, and the rule that said so, in words.
+    assert "skipped by the partitioner's op_types_to_skip / op_names_to_skip [skipped_by_user]" in str(caught.value)
 
 
 def test_a_cpu_op_without_a_kernel_is_refused_at_export() -> None:

@@ -25,6 +25,7 @@ from executorch.exir.operator.convert import to_out_variant
 
 from openvino_backend.diagnostics import CpuKernelError, Finding, NodeRef
 from openvino_backend.graph import is_getitem, non_default_dim_order, op_name
+from openvino_backend.partition.view import Rejection
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def cpu_problem(node: torch.fx.Node, kept_whole: Collection[str]) -> tuple[str, 
 def ensure_cpu_runnable(
     graph_module: torch.fx.GraphModule,
     delegated: Collection[torch.fx.Node],
-    reasons: Mapping[torch.fx.Node, str],
+    rejected: Mapping[torch.fx.Node, Rejection],
     kept_whole: Collection[str],
 ) -> None:
     """Raise ``CpuKernelError`` for every node left on the CPU that ExecuTorch's kernels cannot run."""
@@ -106,7 +107,8 @@ def ensure_cpu_runnable(
         problem = cpu_problem(node, kept_whole)
         if problem is not None:
             why, kind = problem
-            why_not = reasons.get(node, "not delegated")
+            rejection = rejected.get(node)
+            why_not = f"{rejection.reason} [{rejection.rule}]" if rejection is not None else "not delegated"
             findings.append(Finding(f"{why}; OpenVINO does not take it: {why_not}", (NodeRef.from_node(node),)))
             kinds.setdefault(kind, []).append(op_name(node))
     if not findings:
