@@ -31,7 +31,7 @@ from openvino_backend.lowering.edge_layout import DimOrder
 from openvino_backend.lowering.partition_model import ConvertedPartition, compile_key, convert_partition
 from openvino_backend.ops import is_quantize
 from openvino_backend.partition.conversion import converted
-from openvino_backend.partition.quantized import quantizes, step_judges
+from openvino_backend.partition.quantized import compressed_matmuls, dynamic_judges, quantizes, step_judges
 from openvino_backend.partition.samples import SampleValues
 from openvino_backend.partition.view import PartitionView, Rejection
 from openvino_backend.runtime import (
@@ -177,7 +177,11 @@ class NumericalCheck:
         # A quantized value a step from PyTorch's is rounding too: judged in steps (quantized.py), once
         # computed in f32 (a reduced precision's own rounding would blur a step).
         in_f32 = confirm or self._computes_in == "f32"
-        judges = step_judges(nodes, outputs, self.values, self._constants) if in_f32 and quantizes(nodes) else []
+        judges: list = []
+        if in_f32 and quantizes(nodes):
+            judges = step_judges(nodes, outputs, self.values, self._constants)
+        elif in_f32 and (matmuls := compressed_matmuls(nodes, self._constants)):
+            judges = dynamic_judges(nodes, outputs, self.values, matmuls)
         for index in failed:
             node, got, want, tolerance = outputs[index], actual[index], expected[index], tolerances[index]
             judge = judges[index] if judges else None

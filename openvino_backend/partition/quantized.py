@@ -39,6 +39,8 @@ class StepJudge:
     result moves, elementwise, when every quantized value near a rounding tie rounds the other way."""
 
     slack: torch.Tensor
+    # What moves PyTorch's result by ``slack``, for the report.
+    cause: str = "quantized values near a rounding tie rounding the other way"
 
     def judge(self, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> tuple[bool, str]:
         """Whether ``got`` is ``want`` up to rounding (``atol``, ``rtol``) and quantization; and how."""
@@ -49,8 +51,8 @@ class StepJudge:
         share = float((beyond > 0).double().mean()) if beyond.numel() else 0.0
         return error <= moved and worst <= furthest, (
             f"plus quantization: {share:.0%} of elements beyond rounding, RMS {error:.3g} and at most "
-            f"{worst:.3g}, where quantized values near a rounding tie rounding the other way move "
-            f"PyTorch's own result by {moved:.3g} (RMS), at most {furthest:.3g}"
+            f"{worst:.3g}, where {self.cause} move PyTorch's own result by {moved:.3g} (RMS), at most "
+            f"{furthest:.3g}"
         )
 
 
@@ -142,3 +144,110 @@ def _quant_range(node: torch.fx.Node, dtype: torch.dtype) -> tuple[int, int]:
     )
     info = torch.iinfo(dtype)
     return (info.min if low is None else int(low)), (info.max if high is None else int(high))
+
+
+# OpenVINO's CPU plugin multiplies compressed weights (integer constants and their dequantize) with
+# activations it quantizes on the fly: symmetric int8, a scale per group of this many elements along
+# the reduction (DYNAMIC_QUANTIZATION_GROUP_SIZE; an imported blob always has the default, as the
+# stock runtime's does). Measured against OpenVINO 2026.4.1: its result is this emulation's, exactly.
+DYNAMIC_GROUP = 32
+# Matmuls, with the position of the activation and of the weight among their arguments.
+_MATMULS = {
+    "aten.mm.default": (0, 1),
+    "aten.bmm.default": (0, 1),
+    "aten.addmm.default": (1, 2),
+    "aten.linear.default": (0, 1),
+    "aten.matmul.default": (0, 1),
+}
+
+
+def compressed_matmuls(nodes: Sequence[torch.fx.Node], constants: frozenset[torch.fx.Node]) -> dict[torch.fx.Node, int]:
+    """The matmuls among ``nodes`` whose weight is computed from stored constants alone, an integer
+    one among them (a compressed weight), with the position of their activation."""
+    stored = set(constants)
+    compressed: set[torch.fx.Node] = {
+        n for n in constants if isinstance(_val(n), torch.Tensor) and not _val(n).is_floating_point()
+    }
+    found: dict[torch.fx.Node, int] = {}
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        inputs = node.all_input_nodes
+        if inputs and all(n in stored for n in inputs):
+            stored.add(node)
+            if any(n in compressed for n in inputs):
+                compressed.add(node)
+        positions = _MATMULS.get(op_name(node))
+        if positions is None or len(node.args) <= max(positions):
+            continue
+        activation, weight = (node.args[i] for i in positions)
+        if weight in compressed and isinstance(activation, torch.fx.Node) and activation not in stored:
+            found[node] = positions[0]
+    return found
+
+
+def dynamic_judges(
+    nodes: Sequence[torch.fx.Node],
+    outputs: Sequence[torch.fx.Node],
+    values: Mapping[torch.fx.Node, object],
+    matmuls: Mapping[torch.fx.Node, int],
+) -> list[StepJudge | None]:
+    """Per output, how it is judged where OpenVINO quantizes activations of compressed-weight matmuls
+    (None: no such matmul reaches it). PyTorch reruns the partition with those activations quantized
+    as OpenVINO quantizes them, once rounding to nearest and once with the values near a rounding
+    tie rounded the other way (OpenVINO's activations differ from PyTorch's by float rounding, enough
+    to tip a tie); a correct result is no further from PyTorch's than the further of the two."""
+    reruns = [_rerun_quantizing(nodes, values, matmuls, flip) for flip in (False, True)]
+    judges: list[StepJudge | None] = []
+    cause = (
+        f"activations of compressed-weight matmuls quantized to int8 in groups of {DYNAMIC_GROUP} (as OpenVINO does)"
+    )
+    for node in outputs:
+        want = values[node]
+        moved = [rerun.get(node) for rerun in reruns]
+        if not isinstance(want, torch.Tensor) or not all(isinstance(m, torch.Tensor) for m in moved):
+            judges.append(None)
+            continue
+        deltas = [(m.double() - want.double()).abs().nan_to_num(nan=0.0, posinf=0.0) for m in moved]
+        judges.append(StepJudge(torch.maximum(*deltas), cause))
+    return judges
+
+
+def _rerun_quantizing(
+    nodes: Sequence[torch.fx.Node],
+    values: Mapping[torch.fx.Node, object],
+    matmuls: Mapping[torch.fx.Node, int],
+    flip: bool,
+) -> dict[torch.fx.Node, object]:
+    changed: dict[torch.fx.Node, object] = {}
+    for node in nodes:
+        if node.op != "call_function" or not (node in matmuls or any(n in changed for n in node.all_input_nodes)):
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: changed.get(n, values[n]))
+        if node in matmuls:
+            position = matmuls[node]
+            args = (*args[:position], _quantize_groups(args[position], flip), *args[position + 1 :])
+        with torch.no_grad():
+            changed[node] = node.target(*args, **kwargs)
+    return changed
+
+
+def _quantize_groups(x: object, flip_ties: bool) -> object:
+    """``x`` quantized to symmetric int8 and back, a scale per group of ``DYNAMIC_GROUP`` along its
+    last dim; with ``flip_ties``, values within ``TIE_WINDOW`` of a tie round the other way."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.shape[-1] % DYNAMIC_GROUP:
+        return x
+    groups = x.double().reshape(*x.shape[:-1], x.shape[-1] // DYNAMIC_GROUP, DYNAMIC_GROUP)
+    scale = groups.abs().amax(dim=-1, keepdim=True) / 127
+    unrounded = groups / scale.clamp(min=1e-300)
+    rounded = torch.round(unrounded)
+    if flip_ties:
+        near = (unrounded - unrounded.floor() - 0.5).abs() < TIE_WINDOW
+        other = torch.where(rounded > unrounded, unrounded.floor(), unrounded.ceil())
+        rounded = torch.where(near, other, rounded).clamp(-127, 127)
+    quantized = torch.where(scale > 0, rounded * scale, groups)
+    return quantized.reshape(x.shape).to(x.dtype)
+
+
+def _val(node: torch.fx.Node) -> object:
+    return node.meta.get("val")
