@@ -105,3 +105,15 @@ def owned_constants(program: ExportedProgram, nodes: Collection[torch.fx.Node]) 
         and node.users
         and all(user in nodes for user in node.users)
     }
+
+
+def as_attribute(graph_module: torch.fx.GraphModule, placeholder: torch.fx.Node, value: torch.Tensor) -> None:
+    """Replace ``placeholder`` by an attribute holding ``value``: a constant baked into the graph."""
+    graph = graph_module.graph
+    name = f"_constant_{placeholder.name}"
+    graph_module.register_buffer(name, value.detach())
+    with graph.inserting_before(placeholder):
+        attribute = graph.get_attr(name)
+    attribute.meta = dict(placeholder.meta)
+    placeholder.replace_all_uses_with(attribute)
+    graph.erase_node(placeholder)

@@ -15,7 +15,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
-from openvino_backend.graph import non_default_dim_order, owned_constants
+from openvino_backend.graph import as_attribute, non_default_dim_order, owned_constants
 from openvino_backend.lowering.convert import convert
 from openvino_backend.lowering.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.lowering.passes import prepare_for_frontend
@@ -39,13 +39,7 @@ def partition_graph(
         if source not in constants:
             runtime_inputs.append(source)
             continue
-        name = f"_constant_{source.name}"
-        graph_module.register_buffer(name, constants[source].detach())
-        with graph.inserting_before(placeholder):
-            attribute = graph.get_attr(name)
-        attribute.meta = dict(placeholder.meta)
-        placeholder.replace_all_uses_with(attribute)
-        graph.erase_node(placeholder)
+        as_attribute(graph_module, placeholder, constants[source])
     graph_module.recompile()
     return graph_module, tuple(runtime_inputs), tuple(outputs)
 

@@ -27,7 +27,7 @@ from openvino.op import assign, util
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from openvino_backend.graph import output_nodes
+from openvino_backend.graph import as_attribute, output_nodes
 
 # dtypes a variable's initial value can be built from (through numpy).
 STATE_DTYPES = frozenset(
@@ -74,13 +74,7 @@ def graph_for_conversion(program: ExportedProgram, states: list[StateBuffer]) ->
     for node, spec in zip(placeholders, program.graph_signature.input_specs, strict=True):
         if spec.kind == InputKind.USER_INPUT or node.name in state_inputs:
             continue
-        name = f"_constant_{node.name}"
-        graph_module.register_buffer(name, values[spec.target].detach())
-        with graph.inserting_before(node):
-            attribute = graph.get_attr(name)
-        attribute.meta = dict(node.meta)
-        node.replace_all_uses_with(attribute)
-        graph.erase_node(node)
+        as_attribute(graph_module, node, values[spec.target])
     last_user_input = [n for n in graph.find_nodes(op="placeholder") if n.name not in state_inputs]
     anchor = last_user_input[-1] if last_user_input else None
     for state in states:  # after the user's inputs, in order
