@@ -67,7 +67,12 @@ def step_judges(
     ``nodes`` are the partition's, in graph order; ``values`` every node's
     value in PyTorch; a quantize of one of ``constants`` (a weight) is left alone.
     """
-    flipped = _rerun(nodes, values, constants, _flip_near_ties)
+
+    def flip(node: torch.fx.Node, args: tuple, kwargs: dict) -> object:
+        return _flip_near_ties(node, args, node.target(*args, **kwargs))
+
+    activations = [n for n in nodes if is_quantize(n) and n.args[0] not in constants]
+    flipped = _rerun(nodes, values, dict.fromkeys(activations, flip))
     judges: list[StepJudge | None] = []
     for node in outputs:
         want = values[node]
@@ -86,23 +91,18 @@ TIE_WINDOW = 0.25
 def _rerun(
     nodes: Sequence[torch.fx.Node],
     values: Mapping[torch.fx.Node, object],
-    constants: frozenset[torch.fx.Node],
-    change: Callable[[torch.fx.Node, tuple, torch.Tensor], torch.Tensor],
+    changes: Mapping[torch.fx.Node, Callable[[torch.fx.Node, tuple, dict], object]],
 ) -> dict[torch.fx.Node, object]:
-    """The values ``nodes`` compute in PyTorch with each activation quantize's result changed by
-    ``change``; only the nodes a change reaches."""
+    """The values ``nodes`` compute in PyTorch when each node of ``changes`` is computed by its
+    function instead (given the node and its arguments); only the nodes a change reaches."""
     changed: dict[torch.fx.Node, object] = {}
     for node in nodes:
-        if node.op != "call_function":
-            continue
-        reads_changed = any(n in changed for n in node.all_input_nodes)
-        changes_here = is_quantize(node) and node.args[0] not in constants
-        if not (reads_changed or changes_here):
+        if node.op != "call_function" or not (node in changes or any(n in changed for n in node.all_input_nodes)):
             continue
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: changed.get(n, values[n]))
+        compute = changes.get(node, lambda n, a, k: n.target(*a, **k))
         with torch.no_grad():
-            result = node.target(*args, **kwargs)
-        changed[node] = change(node, args, result) if changes_here else result
+            changed[node] = compute(node, args, kwargs)
     return changed
 
 
@@ -219,17 +219,12 @@ def _rerun_quantizing(
     matmuls: Mapping[torch.fx.Node, int],
     flip: bool,
 ) -> dict[torch.fx.Node, object]:
-    changed: dict[torch.fx.Node, object] = {}
-    for node in nodes:
-        if node.op != "call_function" or not (node in matmuls or any(n in changed for n in node.all_input_nodes)):
-            continue
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: changed.get(n, values[n]))
-        if node in matmuls:
-            position = matmuls[node]
-            args = (*args[:position], _quantize_groups(args[position], flip), *args[position + 1 :])
-        with torch.no_grad():
-            changed[node] = node.target(*args, **kwargs)
-    return changed
+    def quantized(node: torch.fx.Node, args: tuple, kwargs: dict) -> object:
+        position = matmuls[node]
+        args = (*args[:position], _quantize_groups(args[position], flip), *args[position + 1 :])
+        return node.target(*args, **kwargs)
+
+    return _rerun(nodes, values, dict.fromkeys(matmuls, quantized))
 
 
 def _quantize_groups(x: object, flip_ties: bool) -> object:
