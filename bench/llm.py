@@ -13,11 +13,18 @@ median milliseconds through ``executorch.runtime``:
   the second time, after the first prompt).
 * weights: decode with weights compressed to 8 and 4 bits (NNCF's scheme,
   kept compressed in OpenVINO) against f32, and the size of each ``.pte``.
+* XNNPACK's best: its ``8da4w`` (int8 dynamic activations, int4 weights in
+  groups of 128, ExecuTorch's own ``quantize(model, "8da4w")``).
+* the limit: the bytes of weights one decode step reads (every linear layer;
+  the embedding gives one row) over the machine's memory bandwidth, measured
+  here by summing a 512 MB tensor with torch's threads.
 * the fixed cost of a call: an 8-wide linear layer, ours against XNNPACK.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -52,7 +59,22 @@ HEADERS = (
     "prefill 64: one call ms",
     "64 calls / one call",
 )
-WEIGHT_HEADERS = ("model", "weights", ".pte MB", "size / f32", "decode ms", "f32 / this")
+WEIGHT_HEADERS = (
+    "model",
+    "weights",
+    ".pte MB",
+    "size / f32",
+    "decode ms",
+    "f32 / this",
+    "limit ms",
+    "this / limit",
+    "XNNPACK 8da4w ms",
+    "this / 8da4w",
+)
+# Bytes a decode step reads per weight of a linear layer: f32; int8 with a scale and zero point per
+# output channel (negligible); int4 in groups of 128 with an f16 scale per group.
+BYTES_PER_WEIGHT = {"f32": 4.0, "int8": 1.0, "int4": 0.5 + 2 / 128}
+BANDWIDTH_BYTES = 512 * 2**20
 
 
 def _decoder(params: dict, context: int, directory: Path) -> Decoder:
@@ -101,6 +123,31 @@ def _xnnpack_decode_ms(decoder: Decoder, prompt: list[int]) -> float:
     return statistics.median(times)
 
 
+def _xnnpack_8da4w_ms(decoder: Decoder, prompt: list[int]) -> float:
+    """XNNPACK's best decode: ExecuTorch's own 8da4w source transformation (group 128)."""
+    from executorch.examples.models.llama.source_transformation.quantize import quantize
+
+    quantized = quantize(copy.deepcopy(decoder.module), "8da4w", group_size=128)
+    return _xnnpack_decode_ms(dataclasses.replace(decoder, module=quantized), prompt)
+
+
+def memory_bandwidth() -> float:
+    """Bytes per second a full read of a large tensor reaches, best of five, with torch's threads."""
+    data = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32)
+    data.sum()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return BANDWIDTH_BYTES / best
+
+
+def weights_read_per_token(decoder: Decoder) -> int:
+    """Weights of the linear layers: what one decode step must read (the embedding gives one row)."""
+    return sum(m.weight.numel() for m in decoder.module.modules() if isinstance(m, torch.nn.Linear))
+
+
 def _call_cost_ms() -> tuple[float, float]:
     """Median time of one call of a tiny program (Linear 8x8): ours, XNNPACK."""
     model, x = torch.nn.Linear(8, 8).eval(), torch.randn(1, 8)
@@ -119,8 +166,10 @@ def _call_cost_ms() -> tuple[float, float]:
     return costs[0], costs[1]
 
 
-def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], tuple[float, float]]:
+def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], tuple[float, float], float]:
+    """Decode and prefill rows, weight rows, (our call cost, XNNPACK's) in ms, memory bandwidth in B/s."""
     rows, weight_rows = [], []
+    bandwidth = memory_bandwidth()
     names = ["llama 256x4"] if quick else list(CONFIGS)
     prompt = torch.randint(0, 2048, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     for name in names:
@@ -137,6 +186,8 @@ def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], tuple[float, float
             decode, static = statistics.median(decodes), statistics.median(statics)
             calls = _prefill_ms(static_program, prompt)  # a token per call
             xnnpack = _xnnpack_decode_ms(decoder, prompt)
+            xnnpack_best = _xnnpack_8da4w_ms(decoder, prompt)
+            limits = {w: weights_read_per_token(decoder) * b / bandwidth * 1000 for w, b in BYTES_PER_WEIGHT.items()}
             sizes = {"f32": len(dynamic)}
             speeds = {"f32": decode}
             for weights in ("int8", "int4"):
@@ -151,6 +202,10 @@ def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], tuple[float, float
                         f"{sizes[weights] / sizes['f32']:.2f}",
                         f"{speeds[weights]:.2f}",
                         f"{speeds['f32'] / speeds[weights]:.2f}",
+                        f"{limits[weights]:.2f}",
+                        f"{speeds[weights] / limits[weights]:.2f}",
+                        f"{xnnpack_best:.2f}",
+                        f"{speeds[weights] / xnnpack_best:.2f}",
                     )
                 )
             long_decoder = _decoder(CONFIGS[name], 2048, Path(tmp))
@@ -170,4 +225,4 @@ def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], tuple[float, float
                 f"{calls / prefill:.1f}",
             )
         )
-    return rows, weight_rows, _call_cost_ms()
+    return rows, weight_rows, _call_cost_ms(), bandwidth
