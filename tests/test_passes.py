@@ -167,3 +167,26 @@ def test_static_attention_is_left_to_openvino_s_own_fusion() -> None:
     graph = _frontend_graph(program)
     assert not graph.find_nodes(op="call_function", target=_EDGE.scaled_dot_product_attention.default)
     _assert_right_at(module, program.buffer, [_attention_inputs("float", 2)])
+
+
+class StoredAsymmetric(torch.nn.Module):
+    """A stored int8 tensor with a non-zero zero point, dequantized per tensor (as ``convert_pt2e``
+    leaves an asymmetrically quantized constant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("stored", torch.randint(-128, 128, (4, 8), dtype=torch.int8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = torch.ops.quantized_decomposed.dequantize_per_tensor(self.stored, 0.05, 3, -128, 127, torch.int8)
+        return x @ weight
+
+
+def test_a_stored_dequantize_with_a_zero_point_converts_and_computes_it() -> None:
+    module = StoredAsymmetric().eval()
+    x = torch.randn(2, 4)
+    program = lower_exported(torch.export.export(module, (x,)), partitioner=OpenvinoPartitioner())
+    graph = _frontend_graph(program)
+    (subtract,) = graph.find_nodes(op="call_function", target=_EDGE.sub.Tensor)
+    assert subtract.args[1] == 3
+    _assert_right_at(module, program.buffer, [[x]])

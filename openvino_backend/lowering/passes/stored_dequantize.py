@@ -33,8 +33,8 @@ class DecomposeStoredDequantizePass(ExportPass):
                 value = graph.call_function(EDGE._to_copy.default, (source,), {"dtype": dtype})
                 if node.target == QUANT.dequantize_per_tensor.default:
                     scale, zero_point = node.args[1:3]
-                    if zero_point:
-                        value = graph.call_function(EDGE.sub.Scalar, (value, zero_point))
+                    if zero_point:  # sub.Tensor with a number: OpenVINO's frontend has no sub.Scalar
+                        value = graph.call_function(EDGE.sub.Tensor, (value, zero_point))
                     value = graph.call_function(EDGE.mul.Scalar, (value, scale))
                 else:
                     scales, zero_points, axis = node.args[1:4]
