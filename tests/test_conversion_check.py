@@ -38,3 +38,22 @@ def test_conversion_check_also_handles_copies_of_outputs() -> None:
         execute_layer_test(CopyOfOutput(), (torch.randn(4, 4),), partitioner=partitioner)
     # ...while the copy rule (the default) handles it.
     execute_layer_test(CopyOfOutput(), (torch.randn(4, 4),))
+
+
+class ExplicitSubScalar(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.aten.sub.Scalar(x * 2, 3) + 1
+
+
+def test_an_op_the_frontend_has_no_rule_for_is_kept_out_by_its_name(monkeypatch) -> None:
+    # OpenVINO reports ops it has no conversion rule for by op name, not by node: the check maps
+    # the name back to the partition's nodes, so a table that claims too much cannot break export.
+    from openvino_backend.partition import support
+
+    claimed = support.openvino_supported_ops() | {"aten.sub.Scalar"}
+    monkeypatch.setattr(support, "openvino_supported_ops", lambda: claimed)
+    partitioner = OpenvinoPartitioner()
+    execute_layer_test(ExplicitSubScalar(), (torch.randn(4, 6),), expected_partitions=2, partitioner=partitioner)
+    kept = [(k.node.name, k.reason) for k in partitioner.report.kept_out]
+    assert [name for name, _ in kept] == ["aten_sub_scalar"]
+    assert "OpenVINO cannot convert this aten.sub.Scalar" in kept[0][1]

@@ -148,12 +148,18 @@ def pad_results(model: ov.Model, bounds: dict[int, list[int]]) -> None:
 # "... conversion of operation NODE/..." (a translator failed) and "While validating node '...' with
 # friendly_name 'NODE/...'" (an op it built fails shape inference): both name the FX node.
 _FAILED_NODE = re.compile(r"(?:conversion of operation |with friendly_name ')([^/\s']+)/")
-_FAILED_OPS = re.compile(r"Conversion is failed for: (.+)")
+# Ops OpenVINO failed on, and ops it has no rule for at all: both lines list ``aten.x.overload`` names.
+_FAILED_OPS = re.compile(r"(?:Conversion is failed for|No conversion rule found for operations): (.+)")
 
 
 def failed_node_names(message: str) -> list[str]:
     """FX node names OpenVINO's frontend reports it could not convert (friendly names carry them)."""
     return list(dict.fromkeys(_FAILED_NODE.findall(message)))
+
+
+def failed_op_names(message: str) -> list[str]:
+    """Op names (``aten.sub.Scalar``) OpenVINO's frontend reports it failed on or has no rule for."""
+    return list(dict.fromkeys(op.strip() for line in _FAILED_OPS.findall(message) for op in line.split(", ")))
 
 
 def conversion_error(
@@ -164,7 +170,7 @@ def conversion_error(
     failed = set(failed_node_names(message))
     culprits = [n for n in calls if n.name in failed]
     nodes = tuple(NodeRef.from_node(n) for n in culprits or calls)
-    reported = {op for match in _FAILED_OPS.findall(message) for op in match.split(", ")}
+    reported = set(failed_op_names(message))
     ops = sorted(reported | {n.op for n in nodes if culprits})
     skip = ", ".join(repr(o) for o in ops) or repr("<op>")
     detail = _summarize(message)

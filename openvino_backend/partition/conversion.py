@@ -17,7 +17,7 @@ import torch
 
 from openvino_backend.diagnostics import OpenvinoExportError
 from openvino_backend.graph import dtype_of, op_name
-from openvino_backend.lowering.convert import failed_node_names
+from openvino_backend.lowering.convert import failed_node_names, failed_op_names
 from openvino_backend.lowering.handover import hand_over
 from openvino_backend.lowering.partition_model import ConvertedPartition, convert_partition
 from openvino_backend.lowering.validate import find_passthroughs, find_type_mismatches
@@ -48,13 +48,16 @@ def keep_converted_passthroughs_out(part: PartitionView) -> Iterator[Objection]:
         partition = converted(part)
         model, outputs = partition.model, partition.outputs
     except OpenvinoExportError as error:
-        # OpenVINO names the ops it could not convert by their FX node names:
-        # keep those out. Otherwise preprocess converts again and explains.
-        failed = set(failed_node_names(" ".join(error.notes)))
+        # OpenVINO names the nodes it could not convert by their FX names, and the ops it has no
+        # rule for by their op names: keep those out. Otherwise preprocess converts again and explains.
+        message = " ".join(error.notes)
+        failed, unknown = set(failed_node_names(message)), set(failed_op_names(message))
+        kept = 0
         for node in part.nodes:
-            if node.name in failed:
+            if node.name in failed or op_name(node) in unknown:
+                kept += 1
                 yield node, f"OpenVINO cannot convert this {op_name(node)}: {error.why.split(': ', 1)[-1]}"
-        if not failed:
+        if not kept:
             logger.debug("conversion check could not convert a partition: %s", error)
         return
     for passthrough in find_passthroughs(model):
