@@ -36,6 +36,8 @@ from bench.llm import HEADERS as LLM_HEADERS
 from bench.llm import WEIGHT_HEADERS as LLM_WEIGHT_HEADERS
 from bench.llm import bench_llm
 from bench.models import MODELS, inputs_for
+from bench.peers import HEADERS as PEER_HEADERS
+from bench.peers import PEERS, QUICK, bench_peers
 from bench.scaling import time_proposal, time_rules, time_validation
 from openvino_backend.runtime import inference_precision, openvino_version
 from openvino_backend.tools.verify import LoadedMethod, flatten_outputs
@@ -297,6 +299,19 @@ def bench_scaling(sizes: list[int], proposal_limit: int) -> list[tuple]:
     return rows
 
 
+def cpu_kind() -> str:
+    """The CPU's name and the instruction sets that decide OpenVINO's kernels and precision."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    sets = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    kind = "AMX" if "amx_tile" in flags else "AVX512-BF16, no AMX" if "avx512_bf16" in flags else "AVX2 only"
+    return f"{name} ({kind}: {' '.join(sets)})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="two models, fewer repetitions, sizes up to 10k")
@@ -304,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int8", action="store_true", help="only the INT8 table")
     parser.add_argument("--large", action="store_true", help="only the large-decoder lowering table")
     parser.add_argument("--llm", action="store_true", help="only the LLM table (decode, prefill, per-call cost)")
+    parser.add_argument(
+        "--peers", action="store_true", help="only ours vs XNNPACK vs OpenVINO alone on real architectures"
+    )
+    parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
+    parser.add_argument("--no-int8", action="store_true", help="--peers: f32 only")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
@@ -316,6 +336,14 @@ def main(argv: list[str] | None = None) -> int:
         f"OpenVINO {openvino_version()} (CPU computes f32 as {inference_precision('CPU')}); "
         f"torch {torch.__version__}"
     )
+    print(f"CPU: {cpu_kind()}")
+    if args.peers:
+        chosen = args.models or (list(QUICK) if args.quick else list(PEERS))
+        rows, summary = bench_peers(chosen, int8=not args.no_int8)
+        print("\nOurs vs XNNPACK vs OpenVINO alone: median ms per call, each model in its own process, interleaved")
+        print(tabulate(rows, headers=PEER_HEADERS))
+        print("\n" + "\n".join(summary))
+        return 0
     if args.llm:
         rows, weight_rows, (ours_call, xnnpack_call), bandwidth = bench_llm(args.quick)
         print("\nLLM (ExecuTorch's example Llama, random weights), median ms through executorch.runtime")
