@@ -37,7 +37,7 @@ from bench.llm import WEIGHT_HEADERS as LLM_WEIGHT_HEADERS
 from bench.llm import bench_llm
 from bench.models import MODELS, inputs_for
 from bench.peers import HEADERS as PEER_HEADERS
-from bench.peers import PEERS, QUICK, bench_peers
+from bench.peers import PEERS, QUICK, bench_peers, call_cost_ms
 from bench.scaling import time_proposal, time_rules, time_validation
 from openvino_backend.runtime import inference_precision, openvino_version
 from openvino_backend.tools.verify import LoadedMethod, flatten_outputs
@@ -299,6 +299,13 @@ def bench_scaling(sizes: list[int], proposal_limit: int) -> list[tuple]:
     return rows
 
 
+def call_cost_line(costs: dict[str, float]) -> str:
+    return (
+        f"One call of an 8-wide linear layer, ms: ours {costs['ours']:.4f}, XNNPACK {costs['xnnpack']:.4f}, "
+        f"OpenVINO alone's infer() {costs['openvino']:.4f}"
+    )
+
+
 def cpu_kind() -> str:
     """The CPU's name and the instruction sets that decide OpenVINO's kernels and precision."""
     try:
@@ -343,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nOurs vs XNNPACK vs OpenVINO alone: median ms per call, each model in its own process, interleaved")
         print(tabulate(rows, headers=PEER_HEADERS))
         print("\n" + "\n".join(summary))
+        print(call_cost_line(call_cost_ms()))
         return 0
     if args.llm:
-        rows, weight_rows, (ours_call, xnnpack_call), bandwidth = bench_llm(args.quick)
+        rows, weight_rows, call, bandwidth = bench_llm(args.quick)
         print("\nLLM (ExecuTorch's example Llama, random weights), median ms through executorch.runtime")
         print(tabulate(rows, headers=LLM_HEADERS))
         print(
@@ -353,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             f"per token / {bandwidth / 1e9:.1f} GB/s measured"
         )
         print(tabulate(weight_rows, headers=LLM_WEIGHT_HEADERS))
-        print(f"\nOne call of an 8-wide linear layer: ours {ours_call:.3f} ms, XNNPACK {xnnpack_call:.3f} ms")
+        print(f"\n{call_cost_line(call)}")
         return 0
     if args.large:
         with tempfile.TemporaryDirectory() as tmp:

@@ -18,7 +18,7 @@ median milliseconds through ``executorch.runtime``:
 * the limit: the bytes of weights one decode step reads (every linear layer;
   the embedding gives one row) over the machine's memory bandwidth, measured
   here by summing a 512 MB tensor with torch's threads.
-* the fixed cost of a call: an 8-wide linear layer, ours against XNNPACK.
+* the fixed cost of a call (``bench.peers.call_cost_ms``).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
+from bench.peers import call_cost_ms
 from openvino_backend.llm.export import example_inputs, export_decoder
 from openvino_backend.llm.generate import Generator
 from openvino_backend.llm.models import Decoder, load_decoder
-from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.tools.verify import LoadedMethod
 
 PROMPT = 64
@@ -148,26 +148,8 @@ def weights_read_per_token(decoder: Decoder) -> int:
     return sum(m.weight.numel() for m in decoder.module.modules() if isinstance(m, torch.nn.Linear))
 
 
-def _call_cost_ms() -> tuple[float, float]:
-    """Median time of one call of a tiny program (Linear 8x8): ours, XNNPACK."""
-    model, x = torch.nn.Linear(8, 8).eval(), torch.randn(1, 8)
-    exported = torch.export.export(model, (x,))
-    costs = []
-    for partitioner in (OpenvinoPartitioner(), XnnpackPartitioner()):
-        method = LoadedMethod(to_edge_transform_and_lower(exported, partitioner=[partitioner]).to_executorch().buffer)
-        for _ in range(50):
-            method([x])
-        times = []
-        for _ in range(500):
-            start = time.perf_counter()
-            method([x])
-            times.append(1000 * (time.perf_counter() - start))
-        costs.append(statistics.median(times))
-    return costs[0], costs[1]
-
-
-def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], tuple[float, float], float]:
-    """Decode and prefill rows, weight rows, (our call cost, XNNPACK's) in ms, memory bandwidth in B/s."""
+def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], dict[str, float], float]:
+    """Decode and prefill rows, weight rows, the cost of one call (``call_cost_ms``), memory bandwidth in B/s."""
     rows, weight_rows = [], []
     bandwidth = memory_bandwidth()
     names = ["llama 256x4"] if quick else list(CONFIGS)
@@ -225,4 +207,4 @@ def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], tuple[float, float
                 f"{calls / prefill:.1f}",
             )
         )
-    return rows, weight_rows, _call_cost_ms(), bandwidth
+    return rows, weight_rows, call_cost_ms(), bandwidth

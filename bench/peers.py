@@ -330,15 +330,22 @@ def _why(error: Exception) -> str:
     ops = failed_op_names(str(error))
     if ops:
         return f"no conversion for {', '.join(ops)}"
-    lines = str(error).splitlines()
-    return f"{type(error).__name__}: {lines[0][:80] if lines else ''}"
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    # OpenVINO's run-time errors open with where they were raised and end with what went wrong.
+    line = lines[-1] if lines and lines[0].startswith("Exception from") else lines[0] if lines else ""
+    return f"{type(error).__name__}: {line[:80]}"
 
 
 def _measure(runners: dict[str, Callable], inputs: list[torch.Tensor], expected: list) -> dict[str, dict]:
     results: dict[str, dict] = {}
     iterations: dict[str, int] = {}
-    for name, run in runners.items():
-        error = _max_error(run(inputs), expected)
+    for name, run in list(runners.items()):
+        try:
+            error = _max_error(run(inputs), expected)
+        except Exception as failure:  # a program that lowers but cannot run is a result too
+            results[name] = {"failed": f"at run time: {_why(failure)}"}
+            del runners[name]
+            continue
         start = time.perf_counter()
         run(inputs)
         first = time.perf_counter() - start
@@ -393,6 +400,37 @@ def _redraw(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.randint(0, int(x.max()) + 1, x.shape, generator=generator, dtype=x.dtype)
 
 
+def call_cost_ms(calls: int = 2000) -> dict[str, float]:
+    """Median ms of one call of a tiny program (an 8-wide linear layer), where the fixed cost of a
+    call is all there is: ours and XNNPACK's through ``executorch.runtime``, and OpenVINO alone's
+    ``infer()`` with its tensors bound once."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    from openvino_backend.partition.partitioner import OpenvinoPartitioner
+    from openvino_backend.tools.verify import LoadedMethod, lower_exported
+
+    model, x = torch.nn.Linear(8, 8).eval(), torch.randn(1, 8)
+    exported = torch.export.export(model, (x,))
+    with torch.no_grad():
+        expected = [model(x)]
+    runs = {
+        "ours": LoadedMethod(lower_exported(exported, partitioner=OpenvinoPartitioner()).buffer),
+        "xnnpack": LoadedMethod(lower_exported(exported, partitioner=XnnpackPartitioner()).buffer),
+        "openvino": _OpenvinoAlone(exported, (x,), expected),
+    }
+    costs = {}
+    for name, run in runs.items():
+        for _ in range(100):
+            run([x])
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            run([x])
+            times.append(1000 * (time.perf_counter() - start))
+        costs[name] = statistics.median(times)
+    return costs
+
+
 HEADERS = (
     "model",
     "precision",
@@ -423,8 +461,9 @@ def rows_for(name: str, report: dict) -> list[tuple]:
     rows = []
     for precision, results in report.items():
         ours, xnnpack, alone = (results.get(k) for k in ("ours", "xnnpack", "openvino"))
-        if "quantize" in results:
-            rows.append((name, precision, results["quantize"]["failed"][:40], "", "", "", "", ""))
+        if "quantize" in results or "run" in results:
+            failure = (results.get("quantize") or results["run"])["failed"]
+            rows.append((name, precision, failure[:40], "", "", "", "", ""))
             continue
         vs_x, vs_ov = _ratio(ours, xnnpack), _ratio(ours, alone)
         errors = " / ".join(f"{r['error']:.2g}" if r and "error" in r else "-" for r in (ours, xnnpack, alone))
