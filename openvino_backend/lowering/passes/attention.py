@@ -11,20 +11,19 @@ from openvino_backend.lowering.passes.common import EDGE, rewritten, same_shape
 
 
 class RecomposeAttentionPass(ExportPass):
-    """Decomposed attention with a dynamic dim -> OpenVINO's ScaledDotProductAttention.
+    """Decomposed attention -> OpenVINO's ScaledDotProductAttention.
 
     PyTorch decomposes ``scaled_dot_product_attention`` into a MatMul of the
     scaled query and key, the mask added, ``_safe_softmax`` and a MatMul by the
     value. ``_safe_softmax`` guards rows whose scores are all ``-inf``: they
     give 0, where a softmax gives NaN. The guard reads the scores a second
-    time, and with dynamic dims OpenVINO's CPU plugin then runs every op of
-    the chain on its own; given one ScaledDotProductAttention it runs one fused
-    kernel. OpenVINO's kernel gives NaN for a fully masked row, so the guard is
+    time, and OpenVINO's CPU plugin then runs every op of the chain on its
+    own, static shapes or dynamic; given one ScaledDotProductAttention it runs
+    one fused kernel. OpenVINO's kernel gives NaN for a fully masked row, so the guard is
     kept, computed from the mask: ``where(all(mask == -inf, -1), 0, attention)``.
     The two are the same whenever the query and key are finite (a row whose
     scores are all ``-inf`` only because the query or the key holds an infinity
-    gives NaN here, 0 in PyTorch). Static partitions are left as they are:
-    OpenVINO fuses the decomposed chain itself when the shapes are known.
+    gives NaN here, 0 in PyTorch).
     """
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
@@ -58,7 +57,7 @@ class RecomposeAttentionPass(ExportPass):
 
 
 def _decomposed_attention(where: torch.fx.Node) -> tuple | None:
-    """``where`` as the guard of a decomposed attention with a dynamic dim in float32: its query,
+    """``where`` as the guard of a decomposed attention in float32: its query,
     transposed key, value, additive mask (or None) and the MatMul by the value; None otherwise."""
     condition, zeros, softmax = where.args
     if not all(isinstance(n, torch.fx.Node) for n in (condition, zeros, softmax)) or len(where.users) != 1:
@@ -78,7 +77,7 @@ def _decomposed_attention(where: torch.fx.Node) -> tuple | None:
     val = scores.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype != torch.float32 or val.dim() < 3:
         return None
-    if softmax.args[1] not in (-1, val.dim() - 1) or all(isinstance(d, int) for d in val.shape):
+    if softmax.args[1] not in (-1, val.dim() - 1):
         return None
     if _guarded_scores(condition, softmax.args[1]) is not scores:
         return None
