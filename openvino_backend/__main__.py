@@ -1,9 +1,14 @@
 """``python -m openvino_backend`` (and the ``openvino-backend`` script)."""
 
+import os
 import sys
 
 
 def run() -> int:
+    # ExecuTorch's Python binding copies outputs with PyTorch, whose idle OpenMP workers would spin
+    # on the cores OpenVINO needs for the next call (a millisecond per call on two cores); PyTorch
+    # reads this when it loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Before any heavy import: the libraries print while they load.
     if "--debug" not in sys.argv[1:]:
         from openvino_backend.tools.quiet import silence_libraries
