@@ -50,21 +50,54 @@ class OpFacts:
     computes_differently: Callable[[torch.fx.Node], str | None] | None = None
 
 
-def _avg_pool_ceil_overhang(node: torch.fx.Node) -> str | None:
-    """PyTorch shrinks the divisor of a last ceil-mode window that overhangs the padded input; OpenVINO does not."""
+def pool_windows(node: torch.fx.Node) -> list[tuple[int, int, int, int, int]] | None:
+    """Per spatial dim of an ``avg_pool`` node: (input size, kernel, stride, padding, output size) as
+    PyTorch computes them (sizes may be symbolic); None when the input's shape is not known."""
     args = list(node.args) + [None] * 7
     x, kernel, stride, padding, ceil_mode = args[0], args[1], args[2] or args[1], args[3] or 0, args[4]
-    if not ceil_mode or not isinstance(x, torch.fx.Node) or "val" not in x.meta:
+    if not isinstance(x, torch.fx.Node) or "val" not in x.meta:
         return None
     spatial = x.meta["val"].shape[-len(kernel) :]
     pads = padding if isinstance(padding, (list, tuple)) else [padding] * len(kernel)
     pads = list(pads) * len(kernel) if len(pads) == 1 else pads
+    windows = []
     for size, k, s, p in zip(spatial, kernel, stride, pads, strict=True):
-        out = -(-(size + 2 * p - k) // s) + 1
-        if (out - 1) * s >= size + p:
-            out -= 1
-        if (out - 1) * s - p + k > size + p:
-            return "a ceil-mode window overhangs the padded input; OpenVINO averages it differently from PyTorch"
+        if ceil_mode:
+            out = -(-(size + 2 * p - k) // s) + 1
+            if (out - 1) * s >= size + p:
+                out -= 1
+        else:
+            out = (size + 2 * p - k) // s + 1
+        windows.append((size, k, s, p, out))
+    return windows
+
+
+def whole_input_kernel(node: torch.fx.Node) -> list[int] | None:
+    """The kernel that computes this ceil-mode ``avg_pool`` the same way in OpenVINO, when its only
+    overhanging windows are single windows larger than the padded input (a "global" pool written as
+    a huge kernel): each averages the whole padded input, which a kernel of that size does in
+    OpenVINO too. None when there is nothing to clamp, or a window overhangs otherwise."""
+    args = list(node.args) + [None] * 7
+    if not args[4] or args[6] is not None:  # not ceil mode, or a divisor override
+        return None
+    windows = pool_windows(node)
+    if windows is None or not all(isinstance(size, int) for size, *_ in windows):
+        return None  # a dynamic size: its windows are not known until run time
+    if all(k <= size + 2 * p for size, k, _, p, _ in windows):
+        return None
+    if any(out != 1 and (out - 1) * s - p + k > size + p for size, k, s, p, out in windows):
+        return None
+    return [min(k, size + 2 * p) for size, k, _, p, _ in windows]
+
+
+def _avg_pool_ceil_overhang(node: torch.fx.Node) -> str | None:
+    """PyTorch shrinks the divisor of a last ceil-mode window that overhangs the padded input; OpenVINO does not."""
+    args = list(node.args) + [None] * 7
+    windows = pool_windows(node)
+    if not args[4] or windows is None or whole_input_kernel(node) is not None:
+        return None  # lowering/passes/pooling.py clamps a whole-input window's kernel
+    if any((out - 1) * s - p + k > size + p for size, k, s, p, out in windows):
+        return "a ceil-mode window overhangs the padded input; OpenVINO averages it differently from PyTorch"
     return None
 
 

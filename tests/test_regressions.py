@@ -213,3 +213,19 @@ def test_a_slice_bounded_by_sizes_from_the_cpu_runs_in_openvino_at_every_positio
         want = RowsFromPosition()(x, position)
         (got,) = method([x, position])
         assert Tolerance.for_output(torch.float32, scale=want.abs().max().item()).check(got, want), (rows, start)
+
+
+@pytest.mark.parametrize(
+    "pool, x",
+    [
+        (torch.nn.AvgPool2d(1280, ceil_mode=True), torch.randn(1, 4, 7, 7)),  # Hugging Face's EfficientNet
+        (torch.nn.AvgPool2d(9, padding=1, ceil_mode=True, count_include_pad=False), torch.randn(1, 3, 5, 6)),
+        (torch.nn.AvgPool2d((20, 2), stride=(20, 2), padding=(1, 0), ceil_mode=True), torch.randn(2, 3, 6, 8)),
+    ],
+    ids=["global", "padded-excluded", "one-dim"],
+)
+def test_avg_pool_window_larger_than_the_input_runs_in_openvino(pool, x) -> None:
+    # One window covering more than the padded input averages all of it: OpenVINO refuses such a
+    # kernel, so it reaches OpenVINO clamped to the padded input, with PyTorch's divisor.
+    program = execute_layer_test(pool, (x,))
+    assert not non_delegated_ops(program)

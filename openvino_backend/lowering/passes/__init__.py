@@ -9,6 +9,7 @@ from openvino_backend.lowering.passes.attention import RecomposeAttentionPass
 from openvino_backend.lowering.passes.dim_order import RevertDimOrderOpsPass
 from openvino_backend.lowering.passes.floor_divide import DecomposeFloorDividePass
 from openvino_backend.lowering.passes.matmul import RecomposeMatmulPass
+from openvino_backend.lowering.passes.pooling import ClampWholeInputPoolPass
 from openvino_backend.lowering.passes.shape_arguments import ConstantShapeArgumentsPass
 from openvino_backend.lowering.passes.stored_dequantize import DecomposeStoredDequantizePass
 
@@ -19,6 +20,7 @@ PASSES = (
     DecomposeStoredDequantizePass,
     RecomposeMatmulPass,
     RecomposeAttentionPass,
+    ClampWholeInputPoolPass,
     ConstantShapeArgumentsPass,
 )
 
