@@ -155,8 +155,12 @@ def test_attention_reaches_openvino_as_one_op_and_keeps_fully_masked_rows(mask: 
     program = lower_exported(exported, partitioner=OpenvinoPartitioner())
 
     graph = _frontend_graph(program)
-    assert len(graph.find_nodes(op="call_function", target=_EDGE.scaled_dot_product_attention.default)) == 1
+    (attention,) = graph.find_nodes(op="call_function", target=_EDGE.scaled_dot_product_attention.default)
     assert not graph.find_nodes(op="call_function", target=_EDGE._softmax.default)
+    # PyTorch scales the transposed key: the attention takes the key as it is, and the scale.
+    key = attention.args[1]
+    assert key.target != _EDGE.permute_copy.default, key.format_node()
+    assert attention.kwargs["scale"] == pytest.approx(8**-0.25)  # the key's share of 1 / sqrt(8)
     if mask != "causal":
         with torch.no_grad():
             # A row with nothing to attend to gives the output projection's bias alone.

@@ -37,12 +37,14 @@ class RecomposeAttentionPass(ExportPass):
             # New values get their meta["val"] made from sizes already known: evaluating ops on the
             # program's fake tensors could add guards to its shape environment (and specialize a dim).
             with graph.inserting_before(out):
-                rank = key_t.meta["val"].dim()
-                swapped = [*range(rank - 2), rank - 1, rank - 2]
-                key = _node(graph, EDGE.permute_copy.default, (key_t, swapped), like=key_t, sizes=swapped)
                 # The scale is already in the query and key: PyTorch scales both before the MatMul.
+                key, scale = _untransposed_key(key_t)
+                if key is None:
+                    rank = key_t.meta["val"].dim()
+                    swapped = [*range(rank - 2), rank - 1, rank - 2]
+                    key = _node(graph, EDGE.permute_copy.default, (key_t, swapped), like=key_t, sizes=swapped)
                 result = _node(graph, EDGE.scaled_dot_product_attention.default, (query, key, value, mask), like=out)
-                result.kwargs = {"scale": 1.0}
+                result.kwargs = {"scale": scale}
                 if mask is not None:
                     rows = [*range(mask.meta["val"].dim() - 1)]
                     masked = _node(graph, EDGE.eq.Scalar, (mask, -math.inf), like=mask, dtype=torch.bool)
@@ -100,6 +102,45 @@ def _decomposed_attention(where: torch.fx.Node) -> tuple | None:
     ):
         return None  # OpenVINO's kernel broadcasts no batch dim the MatMuls did
     return query, key_t, value, mask, out
+
+
+def _untransposed_key(key_t: torch.fx.Node) -> tuple[torch.fx.Node | None, float]:
+    """The key under ``key_t`` = ``mul(permute(key, last two swapped), s)`` (or the permute of
+    the product) and ``s``; ``(None, 1.0)`` when ``key_t`` is not built so.
+
+    Handing OpenVINO that key and ``s`` as the attention's scale spares it transposing and
+    scaling the whole key on every call, twice (a transpose back comes otherwise): with a KV cache,
+    the cache, whatever its filled length.
+    """
+    rank = key_t.meta["val"].dim()
+    scale, node = 1.0, key_t
+    if _scalar_product(node):
+        scale, node = float(node.args[1]), node.args[0]
+    if not (
+        isinstance(node, torch.fx.Node)
+        and node.target == EDGE.permute_copy.default
+        and _swaps_last_two(node.args[1], rank)
+    ):
+        return None, 1.0
+    node = node.args[0]
+    if scale == 1.0 and _scalar_product(node):
+        scale, node = float(node.args[1]), node.args[0]
+    return (node, scale) if isinstance(node, torch.fx.Node) else (None, 1.0)
+
+
+def _scalar_product(node: object) -> bool:
+    """``node`` is ``mul(x, s)`` with ``s`` a number."""
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.target == EDGE.mul.Scalar
+        and isinstance(node.args[1], (int, float))
+        and not isinstance(node.args[1], bool)
+        and not node.kwargs
+    )
+
+
+def _swaps_last_two(dims: object, rank: int) -> bool:
+    return isinstance(dims, (list, tuple)) and [d % rank for d in dims] == [*range(rank - 2), rank - 1, rank - 2]
 
 
 def _guarded_scores(condition: torch.fx.Node, dim: int) -> torch.fx.Node | None:
