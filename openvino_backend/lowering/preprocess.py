@@ -3,7 +3,8 @@
 The pipeline, one named step each::
 
     edge dim orders -> passes -> validate edge tensors -> convert -> validate output types
-        -> adapt edge layouts -> validate pass-throughs -> compile -> validate compiled -> export
+        -> adapt edge layouts -> validate pass-throughs -> make stateful -> grow caches
+        -> compile -> validate compiled -> export
 
 The partitioner's checks have already converted (and the numerical check
 compiled) each final partition the same way; preprocess takes that work over
@@ -34,6 +35,7 @@ from openvino_backend.lowering.convert import conversion_error, convert
 from openvino_backend.lowering.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.lowering.guard import share_backend_name, upstream_preprocess
 from openvino_backend.lowering.handover import take_over
+from openvino_backend.lowering.kv_cache import grow_caches
 from openvino_backend.lowering.partition_model import compile_key
 from openvino_backend.lowering.passes import prepare_for_frontend
 from openvino_backend.lowering.state import graph_for_conversion, make_stateful, state_buffers
@@ -91,6 +93,9 @@ class OpenvinoBackend(BackendDetails):
             validate_model(model, graph_module, partition=options.partition)
         with stage("make_stateful"):
             make_stateful(model, states)
+        if states:
+            with stage("grow_caches"):
+                grow_caches(model)
         compiled = handed.compiled.get(compile_key(options.device, options.properties)) if handed else None
         if compiled is None:
             compiled = compile_model(model, options, graph_module)

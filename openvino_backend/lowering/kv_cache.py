@@ -1,0 +1,346 @@
+"""A KV cache kept as long as what was written to it, and attended over as far as the mask reaches.
+
+A model with a KV cache holds it at its full context length and writes each
+call's keys and values into it at their positions (``index_put``, ``index_copy_``);
+its attention then reads the whole cache, masked. Kept as an OpenVINO variable
+at that length (``state.py``), every call moves the whole cache (the variable
+is copied as it is assigned) and attends over all of it, however few positions
+hold tokens: decode at a context of 2048 cost twice decode at 128.
+
+``grow_caches`` rewrites each cache that is written along one axis and read
+only by attention (through views: unsqueeze, broadcast, reshape, transpose,
+convert), as its key or value, with an additive mask:
+
+* the variable starts empty and holds the positions ``[0, L)`` written so far;
+  a call appends, from the cache's exported value, the positions it writes
+  past ``L`` (or the mask reaches past it), then writes its rows;
+* the attention reads positions ``[0, n)``, ``n`` the last position the mask
+  leaves unmasked in any row, plus one; the mask is cut to the same ``n``.
+
+Exact, whatever positions each call writes (a prompt prefilled again from 0, a
+gap): positions past ``L`` read as the cache's exported value, as they were,
+and a position past ``n`` carries ``-inf`` in every row of the mask, so it
+adds exactly nothing to any row's softmax. A cache read any other way keeps
+its full length.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import openvino as ov
+import openvino.opset3 as opset3
+import openvino.opset13 as opset
+from openvino.op import assign, util
+
+from openvino_backend.lowering.edge_layout import int_constant
+
+logger = logging.getLogger(__name__)
+
+# Lengths come in whole blocks of positions: OpenVINO's CPU plugin prepares its kernels anew for each
+# new shape, and a length growing by one each token would make every call a new shape.
+BLOCK = 128
+# Ops a cache may pass through on its way to the attention, each keeping its positions along one axis.
+VIEWS = frozenset({"Unsqueeze", "Broadcast", "Reshape", "Transpose", "Convert"})
+
+
+@dataclass
+class CacheWrite:
+    """A variable written along ``axis`` at ``indices`` with ``updates``; ``written`` is its new value."""
+
+    read: ov.Node
+    sink: ov.Node
+    axis: int
+    indices: ov.Output
+    updates: ov.Output
+    written: ov.Output
+    attentions: list[tuple[ov.Node, int]] = field(default_factory=list)  # (SDPA, input 1 or 2) reached
+
+
+def grow_caches(model: ov.Model) -> int:
+    """Rewrite the caches of ``model`` (in place) as the module says; the number of attentions rewritten."""
+    sinks = {sink.get_variable_id(): sink for sink in model.get_sinks() if sink.get_type_name() == "Assign"}
+    _freeze_static_shapes(model)
+    caches = [
+        cache
+        for read in model.get_ordered_ops()
+        if read.get_type_name() == "ReadValue" and (cache := _cache_write(read, sinks)) is not None
+    ]
+    by_attention: dict[str, list[CacheWrite]] = {}
+    attention_nodes: dict[str, ov.Node] = {}
+    for cache in caches:
+        if len({node.get_friendly_name() for node, _ in cache.attentions}) != 1:
+            continue  # read by several attentions (or none): kept whole
+        node = cache.attentions[0][0]
+        by_attention.setdefault(node.get_friendly_name(), []).append(cache)
+        attention_nodes[node.get_friendly_name()] = node
+    rewritten = 0
+    for name, found in by_attention.items():
+        attention = attention_nodes[name]
+        if {index for cache in found for _, index in cache.attentions} != {1, 2} or not _maskable(attention):
+            continue  # the key or the value comes from elsewhere, at full length
+        _rewrite(model, attention, found)
+        rewritten += 1
+    if rewritten:
+        model.validate_nodes_and_infer_types()
+        logger.debug("%d attentions read their KV cache as far as their mask reaches", rewritten)
+    return rewritten
+
+
+def _freeze_static_shapes(model: ov.Model) -> None:
+    """Replace each ``ShapeOf`` of a tensor whose shape is static by that shape, a constant, and
+    each ``ConvertLike`` by a ``Convert`` to the type it reads (the frontend reads a cache's shape to
+    normalize negative positions, and its type for the rows written: readers of the cache's type or
+    shape only, which would otherwise hold it at its full length)."""
+    for node in model.get_ordered_ops():
+        if node.get_type_name() == "ConvertLike":
+            converted = opset.convert(node.input_value(0), node.get_input_element_type(1))
+            for reader in list(node.output(0).get_target_inputs()):
+                reader.replace_source_output(converted.output(0))
+            continue
+        if node.get_type_name() != "ShapeOf" or node.get_input_partial_shape(0).is_dynamic:
+            continue
+        shape = np.array(node.get_input_partial_shape(0).to_shape(), dtype=node.get_output_element_type(0).to_dtype())
+        for reader in list(node.output(0).get_target_inputs()):
+            reader.replace_source_output(opset.constant(shape).output(0))
+
+
+def _cache_write(read: ov.Node, sinks: dict[str, ov.Node]) -> CacheWrite | None:
+    """``read``'s variable as a cache written along one axis and read by attention only, or None."""
+    sink = sinks.get(read.get_variable_id())
+    readers = list(read.output(0).get_target_inputs())
+    if sink is None or len(readers) != 1 or readers[0].get_index() != 0:
+        return None
+    write = readers[0].get_node()
+    shape = read.get_output_partial_shape(0)
+    if shape.is_dynamic or max(shape.to_shape()) <= BLOCK:
+        return None  # (a cache of one block is read whole either way)
+    if write.get_type_name() == "ScatterUpdate":
+        axis = _constant(write.input_value(3))
+        if axis is None:
+            return None
+        axis = int(axis) % shape.rank.get_length()
+        cache = CacheWrite(read, sink, axis, write.input_value(1), write.input_value(2), write.output(0))
+    else:
+        cache = _transposed_scatter(read, sink, write)
+        if cache is None:
+            return None
+    if cache.indices.get_partial_shape().rank.get_length() != 1:
+        return None
+    if not any(r.get_node().get_type_name() == "Assign" for r in cache.written.get_target_inputs()):
+        return None
+    readers = [r for r in cache.written.get_target_inputs() if r.get_node().get_type_name() != "Assign"]
+    if not readers or not all(_reaches_attention(r, cache.axis, cache.attentions) for r in readers):
+        return None
+    return cache
+
+
+def _transposed_scatter(read: ov.Node, sink: ov.Node, inner: ov.Node) -> CacheWrite | None:
+    """The frontend's ``index_put`` along axis ``a``: ``Transpose(P)`` bringing ``a`` first,
+    ``ScatterNDUpdate`` of whole slices, ``Transpose(P^-1)``; as a write along ``a``."""
+    order = _permutation(inner)
+    readers = list(inner.output(0).get_target_inputs())
+    if order is None or len(readers) != 1 or readers[0].get_index() != 0:
+        return None
+    scatter = readers[0].get_node()
+    indices = scatter.input_value(1).get_partial_shape()
+    if (
+        scatter.get_type_name() != "ScatterNDUpdate"
+        or indices.rank.is_dynamic
+        or indices.rank.get_length() != 2
+        or indices[1] != ov.Dimension(1)
+    ):
+        return None
+    outer = list(scatter.output(0).get_target_inputs())
+    if len(outer) != 1 or _permutation(outer[0].get_node()) != sorted(range(len(order)), key=order.__getitem__):
+        return None
+    axis, rest = order[0], order[1:]
+    # The updates come as [N, *the other axes in P's order]; put N at `axis`, the others in order.
+    to_natural = [0 if dim == axis else 1 + rest.index(dim) for dim in range(len(order))]
+    updates = opset.transpose(scatter.input_value(2), int_constant(to_natural)).output(0)
+    indices = opset.reshape(scatter.input_value(1), int_constant([-1]), special_zero=False).output(0)
+    return CacheWrite(read, sink, axis, indices, updates, outer[0].get_node().output(0))
+
+
+def _reaches_attention(reader: ov.Input, axis: int, found: list[tuple[ov.Node, int]]) -> bool:
+    """Whether ``reader`` (of a tensor whose positions lie along ``axis``) passes them through views
+    to an attention's key or value, positions along its keys' axis; each attention reached is added
+    to ``found``."""
+    node, index = reader.get_node(), reader.get_index()
+    kind = node.get_type_name()
+    if kind == "ScaledDotProductAttention":
+        rank = node.get_input_partial_shape(index).rank.get_length()
+        if index in (1, 2) and axis == rank - 2:
+            found.append((node, index))
+            return True
+        return False
+    if kind not in VIEWS or index != 0 or _view_axis(node, axis) is None:
+        return False
+    next_axis = _view_axis(node, axis)
+    readers = list(node.output(0).get_target_inputs())
+    return bool(readers) and all(_reaches_attention(r, next_axis, found) for r in readers)
+
+
+def _view_axis(node: ov.Node, axis: int) -> int | None:
+    """Where the positions along input ``axis`` of the view ``node`` lie in its output, or None
+    when ``node`` mixes them with another axis (or its shapes are not static)."""
+    kind = node.get_type_name()
+    source = node.get_input_partial_shape(0)
+    target = node.get_output_partial_shape(0)
+    if source.is_dynamic or target.is_dynamic:
+        return None
+    source, target = source.to_shape(), target.to_shape()
+    if kind == "Convert":
+        return axis
+    if kind == "Transpose":
+        order = _permutation(node)
+        return order.index(axis) if order is not None else None
+    if kind == "Unsqueeze":
+        axes = _constant(node.input_value(1))
+        if axes is None:
+            return None
+        inserted = {int(a) % len(target) for a in np.atleast_1d(axes)}
+        kept = [i for i in range(len(target)) if i not in inserted]
+        return kept[axis]
+    if kind == "Broadcast":
+        mode = node.get_attributes().get("mode")
+        if mode not in ("numpy", "bidirectional") or _constant(node.input_value(1)) is None:
+            return None
+        moved = axis + len(target) - len(source)
+        return moved if target[moved] == source[axis] else None
+    if kind == "Reshape":
+        if _constant(node.input_value(1)) is None or 0 in target:
+            return None
+        before = math.prod(source[:axis])
+        for out_axis in range(len(target)):
+            if math.prod(target[:out_axis]) == before and target[out_axis] == source[axis]:
+                return out_axis
+        return None
+    return None
+
+
+def _maskable(attention: ov.Node) -> bool:
+    """An attention with an additive float mask over its keys, not causal by attribute."""
+    if attention.get_input_size() < 4 or attention.get_attributes().get("causal", False):
+        return False
+    mask = attention.get_input_partial_shape(3)
+    keys = attention.get_input_partial_shape(1)
+    return (
+        attention.get_input_element_type(3).is_real()
+        and mask.rank.is_static
+        and keys.rank.is_static
+        and mask[mask.rank.get_length() - 1].is_static
+        and mask[mask.rank.get_length() - 1] == keys[keys.rank.get_length() - 2]
+    )
+
+
+def _rewrite(model: ov.Model, attention: ov.Node, caches: list[CacheWrite]) -> None:
+    mask = attention.input_value(3)
+    reach = _mask_reach(mask)
+    for cache in caches:
+        narrowed = _grown_cache(model, cache, reach)
+        for reader in [r for r in cache.written.get_target_inputs() if r.get_node().get_type_name() != "Assign"]:
+            _rebuild(reader, narrowed, cache.axis, reach)
+    rank = mask.get_partial_shape().rank.get_length()
+    cut = opset.slice(mask, int_constant([0]), reach, int_constant([1]), int_constant([rank - 1]))
+    attention.input(3).replace_source_output(cut.output(0))
+
+
+def _mask_reach(mask: ov.Output) -> ov.Output:
+    """``[n]``: one past the last key position ``mask`` leaves unmasked in any row (at least 1),
+    rounded up to a whole block."""
+    rank = mask.get_partial_shape().rank.get_length()
+    length = mask.get_partial_shape()[rank - 1].get_length()
+    infinity = opset.constant(np.array(-math.inf, dtype=mask.get_element_type().to_dtype()))
+    unmasked = opset.not_equal(mask, infinity)
+    positions = int_constant(list(range(1, length + 1)))
+    reached = opset.select(unmasked, positions, int_constant([0]))
+    last = opset.reduce_max(reached, int_constant(list(range(rank))), keep_dims=False)
+    reach = opset.maximum(opset.reshape(last, int_constant([1]), special_zero=False), int_constant([1]))
+    return _whole_blocks(reach.output(0), length)
+
+
+def _whole_blocks(positions: ov.Output, length: int) -> ov.Output:
+    """``positions`` rounded up to a multiple of ``BLOCK``, at most ``length``."""
+    block = min(BLOCK, length)
+    blocks = opset.divide(opset.add(positions, int_constant([block - 1])), int_constant([block]))
+    return opset.minimum(opset.multiply(blocks, int_constant([block])), int_constant([length])).output(0)
+
+
+def _grown_cache(model: ov.Model, cache: CacheWrite, reach: ov.Output) -> ov.Output:
+    """Replace ``cache``'s variable by one holding the positions written so far; the positions
+    ``[0, reach)`` after this call's write."""
+    old = model.get_variable_by_id(cache.read.get_variable_id())
+    initial = cache.read.input_value(0)  # the buffer's exported value, at full length
+    shape = list(cache.read.get_output_partial_shape(0).to_shape())
+    axis = cache.axis
+    info = util.VariableInfo()
+    info.variable_id = old.get_info().variable_id
+    info.data_type = old.get_info().data_type
+    info.data_shape = ov.PartialShape([-1 if i == axis else d for i, d in enumerate(shape)])
+    variable = util.Variable(info)
+    nothing = [0 if i == axis else d for i, d in enumerate(shape)]
+    empty = opset.constant(np.zeros(nothing, dtype=info.data_type.to_dtype()))
+    read = opset.read_value(empty, variable)
+    held = opset.gather(opset.shape_of(read, "i64"), int_constant([axis]), int_constant([0]))
+    indices = opset.convert(cache.indices, "i64")
+    written_end = opset.add(opset.reduce_max(indices, int_constant([0]), keep_dims=True), int_constant([1]))
+    # Up to the last position written or read, in whole blocks; nothing when that is below `held`.
+    end = _whole_blocks(opset.maximum(written_end, reach).output(0), shape[axis])
+    step, axes = int_constant([1]), int_constant([axis])
+    appended = opset.slice(initial, held, end, step, axes)  # the exported value of positions not held yet
+    grown = opset.concat([read.output(0), appended.output(0)], axis)
+    written = opset3.scatter_update(grown, indices, cache.updates, opset.constant(np.array(axis, dtype=np.int64)))
+    sink = assign(written, variable)
+    sink.input(0).replace_source_output(written.output(0))
+    model.remove_sink(cache.sink)
+    model.remove_variable(old)
+    model.add_variables([variable])
+    model.add_sinks([sink])
+    return opset.slice(written, int_constant([0]), reach, step, axes).output(0)
+
+
+def _rebuild(reader: ov.Input, source: ov.Output, axis: int, reach: ov.Output) -> None:
+    """Feed ``reader`` (and the views after it, down to the attention) from ``source``, whose
+    positions along ``axis`` number ``reach`` rather than the full length. Each view is kept,
+    reading ``source``; a broadcast's or reshape's target takes ``reach`` at the positions' axis."""
+    node = reader.get_node()
+    if node.get_type_name() == "ScaledDotProductAttention":
+        reader.replace_source_output(source)
+        return
+    out_axis = _view_axis(node, axis)
+    if node.get_type_name() in ("Broadcast", "Reshape"):
+        target = list(node.get_output_partial_shape(0).to_shape())
+        sized = opset.concat([int_constant(target[:out_axis]), reach, int_constant(target[out_axis + 1 :])], 0)
+        node.input(1).replace_source_output(sized.output(0))  # every size given: special_zero is moot
+    readers = list(node.output(0).get_target_inputs())
+    reader.replace_source_output(source)
+    for next_reader in readers:
+        _rebuild(next_reader, node.output(0), out_axis, reach)
+
+
+def _permutation(node: ov.Node) -> list[int] | None:
+    """The constant order of a Transpose, or None."""
+    if node.get_type_name() != "Transpose":
+        return None
+    order = _constant(node.input_value(1))
+    return [int(v) for v in np.atleast_1d(order)] if order is not None else None
+
+
+def _constant(output: ov.Output) -> np.ndarray | None:
+    """The value of ``output`` when it is computed from constants alone (a few ops deep), else None."""
+    node = output.get_node()
+    if node.get_type_name() == "Constant":
+        return node.get_data()
+    if node.get_type_name() in ("Parameter", "ReadValue") or node.get_input_size() == 0 or node.get_output_size() != 1:
+        return None
+    inputs = [_constant(node.input_value(i)) for i in range(node.get_input_size())]
+    if any(value is None for value in inputs):
+        return None
+    result = [ov.Tensor(node.get_output_element_type(0), node.get_output_partial_shape(0).to_shape())]
+    if node.get_output_partial_shape(0).is_dynamic or not node.evaluate(result, [ov.Tensor(v) for v in inputs]):
+        return None
+    return result[0].data.copy()
