@@ -42,10 +42,26 @@ def params(tmp_path: Path) -> Path:
     return path
 
 
+def _qwen2(directory: Path) -> Path:
+    """A Qwen2 from its config (grouped keys and values, the mask computed from the positions)."""
+    transformers = pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
+    transformers.Qwen2Config(
+        hidden_size=LLAMA["dim"],
+        intermediate_size=128,
+        num_hidden_layers=LLAMA["n_layers"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=LLAMA["vocab_size"],
+        max_position_embeddings=CONTEXT,
+    ).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("family", ["executorch llama", pytest.param("qwen2", marks=pytest.mark.slow)])
 def test_a_long_cache_is_read_as_far_as_the_mask_reaches_and_follows_eager_through_rewinds_and_gaps(
-    params: Path, caplog: pytest.LogCaptureFixture
+    family: str, params: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    decoder = load_decoder(params, max_context=CONTEXT)
+    decoder = load_decoder(params if family == "executorch llama" else _qwen2(tmp_path), max_context=CONTEXT)
     eager = copy.deepcopy(decoder.module)
     with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.kv_cache"):
         program = export_decoder(decoder)
