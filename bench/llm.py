@@ -4,15 +4,18 @@ ExecuTorch's example Llama with random weights (vocabulary 2048), batch 1,
 median milliseconds through ``executorch.runtime``:
 
 * decode: one token per call after a 64-token prompt; ours at context 128 and
-  2048 (the KV cache stays in OpenVINO state, so a longer context costs no
-  copy per call; the example Llama still attends over its whole cache, which
-  XNNPACK's ratio beside shows), ours exported static (one token per call),
-  and XNNPACK (static, its usual export; the cache is a mutable buffer
-  ExecuTorch copies back).
+  2048 (the KV cache stays in OpenVINO state and grows with the positions
+  written, ``lowering/kv_cache.py``), ours exported static (one token per
+  call), XNNPACK (static, its usual export; the cache is a mutable buffer
+  ExecuTorch copies back), and ExecuTorch's own OpenVINO backend
+  (export_llama's ``--openvino`` recipe, static, in its own process:
+  ``bench/upstream_llm.py``), at context 128 and 2048.
 * prefill: the 64-token prompt in one call against 64 one-token calls (each
   the second time, after the first prompt).
 * weights: decode with weights compressed to 8 and 4 bits (NNCF's scheme,
-  kept compressed in OpenVINO) against f32, and the size of each ``.pte``.
+  kept compressed in OpenVINO) against f32, and the size of each ``.pte``;
+  ExecuTorch's OpenVINO backend with the same weights (its ``openvino_8wo``
+  and ``openvino_4wo``).
 * XNNPACK's best: its ``8da4w`` (int8 dynamic activations, int4 weights in
   groups of 128, ExecuTorch's own ``quantize(model, "8da4w")``).
 * the limit: the bytes of weights one decode step reads (every linear layer;
@@ -26,7 +29,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,13 +41,16 @@ import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
+from bench.decode import token_per_call_ms
 from bench.peers import call_cost_ms
 from openvino_backend.llm.export import example_inputs, export_decoder
 from openvino_backend.llm.generate import Generator
 from openvino_backend.llm.models import Decoder, load_decoder
-from openvino_backend.tools.verify import LoadedMethod
+
+logger = logging.getLogger(__name__)
 
 PROMPT = 64
+UPSTREAM_TIMEOUT = 1200
 STEPS = 32
 CONFIGS = {
     "llama 256x4": {"dim": 256, "n_layers": 4, "n_heads": 4, "vocab_size": 2048},
@@ -56,6 +65,9 @@ HEADERS = (
     "dynamic / static",
     "XNNPACK ms",
     "ours / XNNPACK",
+    "ExecuTorch's OpenVINO ms",
+    "ours / theirs",
+    "theirs: ctx 2048 / 128",
     "prefill 64: one call ms",
     "64 calls / one call",
 )
@@ -70,6 +82,8 @@ WEIGHT_HEADERS = (
     "this / limit",
     "XNNPACK 8da4w ms",
     "this / 8da4w",
+    "ExecuTorch's OpenVINO, same weights ms",
+    "this / theirs",
 )
 # Bytes a decode step reads per weight of a linear layer: f32; int8 with a scale and zero point per
 # output channel (negligible); int4 in groups of 128 with an f16 scale per group.
@@ -108,19 +122,24 @@ def _xnnpack_decode_ms(decoder: Decoder, prompt: list[int]) -> float:
     with torch.no_grad():
         exported = torch.export.export(decoder.module, inputs)
     program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
-    method = LoadedMethod(program.buffer)
-    position = 0
-    for token in prompt:
-        logits = method([torch.tensor([[token]]), torch.tensor([position])])[0]
-        position += 1
-    times = []
-    for _ in range(STEPS):
-        token = torch.tensor([[int(logits.argmax())]])
-        start = time.perf_counter()
-        logits = method([token, torch.tensor([position])])[0]
-        times.append(1000 * (time.perf_counter() - start))
-        position += 1
-    return statistics.median(times)
+    return token_per_call_ms(program.buffer, prompt, STEPS)
+
+
+def _upstream_decode_ms(params: dict, context: int, weights: str, prompt: list[int]) -> float | None:
+    """ExecuTorch's own OpenVINO backend (export_llama's recipe), in its own process; None if it failed."""
+    command = [sys.executable, "-m", "bench.upstream_llm", "--params", json.dumps(params), "--context", str(context)]
+    command += ["--weights", weights, "--prompt", ",".join(map(str, prompt))]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=UPSTREAM_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        logger.warning("ExecuTorch's OpenVINO backend, %s %s: no answer in %d s", params, weights, UPSTREAM_TIMEOUT)
+        return None
+    lines = done.stdout.strip().splitlines()
+    answer = json.loads(lines[-1]) if lines else {"error": done.stderr.strip().splitlines()[-1:]}
+    if "decode_ms" not in answer:
+        logger.warning("ExecuTorch's OpenVINO backend, %s %s: %s", params, weights, answer.get("error"))
+        return None
+    return answer["decode_ms"]
 
 
 def _xnnpack_8da4w_ms(decoder: Decoder, prompt: list[int]) -> float:
@@ -146,6 +165,14 @@ def memory_bandwidth() -> float:
 def weights_read_per_token(decoder: Decoder) -> int:
     """Weights of the linear layers: what one decode step must read (the embedding gives one row)."""
     return sum(m.weight.numel() for m in decoder.module.modules() if isinstance(m, torch.nn.Linear))
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "fails"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a is not None and b is not None else "-"
 
 
 def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], dict[str, float], float]:
@@ -175,6 +202,7 @@ def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], dict[str, float], 
             for weights in ("int8", "int4"):
                 buffer = export_decoder(decoder, weights=weights).buffer
                 sizes[weights], speeds[weights] = len(buffer), _decode_ms(Generator(buffer), prompt)
+            theirs = {w: _upstream_decode_ms(CONFIGS[name], 128, w, prompt) for w in ("f32", "int8", "int4")}
             for weights in ("f32", "int8", "int4"):
                 weight_rows.append(
                     (
@@ -188,11 +216,14 @@ def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], dict[str, float], 
                         f"{speeds[weights] / limits[weights]:.2f}",
                         f"{xnnpack_best:.2f}",
                         f"{speeds[weights] / xnnpack_best:.2f}",
+                        _ms(theirs[weights]),
+                        _ratio(speeds[weights], theirs[weights]),
                     )
                 )
             long_decoder = _decoder(CONFIGS[name], 2048, Path(tmp))
             long_context = _decode_ms(Generator(export_decoder(long_decoder).buffer), prompt)
             xnnpack_long = _xnnpack_decode_ms(long_decoder, prompt)
+            theirs_long = _upstream_decode_ms(CONFIGS[name], 2048, "f32", prompt)
         rows.append(
             (
                 name,
@@ -203,6 +234,9 @@ def bench_llm(quick: bool) -> tuple[list[tuple], list[tuple], dict[str, float], 
                 f"{decode / static:.2f}",
                 f"{xnnpack:.2f}",
                 f"{decode / xnnpack:.2f}",
+                _ms(theirs["f32"]),
+                _ratio(decode, theirs["f32"]),
+                _ratio(theirs_long, theirs["f32"]),
                 f"{prefill:.1f}",
                 f"{calls / prefill:.1f}",
             )
