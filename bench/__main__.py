@@ -329,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peers", action="store_true", help="only ours vs XNNPACK vs OpenVINO alone on real architectures"
     )
+    parser.add_argument(
+        "--working-size", action="store_true", help="--llm: only the working size (dim 2048, 16 layers, context 2048)"
+    )
     parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
     parser.add_argument("--no-int8", action="store_true", help="--peers: f32 only")
     args = parser.parse_args(argv)
@@ -351,6 +354,17 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(rows, headers=PEER_HEADERS))
         print("\n" + "\n".join(summary))
         print(call_cost_line(call_cost_ms()))
+        return 0
+    if args.llm and args.working_size:
+        from bench.working_size import CONFIG, CONTEXT, bench_working_size
+        from bench.working_size import HEADERS as WORKING_HEADERS
+
+        rows, bandwidth = bench_working_size()
+        print(
+            f"\nLLM at a working size: ExecuTorch's Llama {CONFIG}, context {CONTEXT}, random weights; each .pte "
+            f"measured in a fresh process; limit: weight bytes per token / {bandwidth / 1e9:.1f} GB/s measured"
+        )
+        print(tabulate(rows, headers=WORKING_HEADERS))
         return 0
     if args.llm:
         rows, weight_rows, call, bandwidth = bench_llm(args.quick)

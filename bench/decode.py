@@ -1,11 +1,20 @@
-"""Decode time of a ``.pte`` fed one token per call, with nothing of this package loaded (the
-process measuring ExecuTorch's own OpenVINO backend must not define a second ``OpenvinoBackend``)."""
+"""Decode time of a ``.pte``, with nothing of this package loaded (the process measuring ExecuTorch's
+own OpenVINO backend must not define a second ``OpenvinoBackend``); as a command, one ``.pte`` file
+measured in a fresh process, its peak memory with it."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import resource
 import statistics
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as bench/__init__.py: PyTorch's idle workers sleep
 
 import torch
 from executorch.runtime import Runtime
@@ -30,3 +39,47 @@ def token_per_call_ms(buffer: bytes, prompt: Sequence[int], steps: int = STEPS) 
         times.append(1000 * (time.perf_counter() - start))
         position += 1
     return statistics.median(times)
+
+
+def measure_file(path: str, prompt: Sequence[int], one_call_prefill: bool, steps: int = STEPS) -> dict[str, float]:
+    """Prefill and decode a ``.pte`` read from ``path``: prefill ms (the prompt in one call, or a
+    token per call), median decode ms, and the peak resident memory of this process in MB."""
+    program = Runtime.get().load_program(Path(path))  # held while its method runs
+    method = program.load_method("forward")
+    start = time.perf_counter()
+    if one_call_prefill:
+        logits = method.execute([torch.tensor([list(prompt)]), torch.tensor([0])])[0]
+    else:
+        for position, token in enumerate(prompt):
+            logits = method.execute([torch.tensor([[token]]), torch.tensor([position])])[0]
+    prefill_ms = 1000 * (time.perf_counter() - start)
+    position, times = len(prompt), []
+    for _ in range(steps):
+        token = torch.tensor([[int(logits.reshape(-1, logits.shape[-1])[-1].argmax())]])
+        start = time.perf_counter()
+        logits = method.execute([token, torch.tensor([position])])[0]
+        times.append(1000 * (time.perf_counter() - start))
+        position += 1
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"prefill_ms": prefill_ms, "decode_ms": statistics.median(times), "peak_mb": peak_mb}
+
+
+def main() -> int:
+    """``python -m bench.decode FILE.pte --prompt IDS [--one-call-prefill]``: one JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.decode")
+    parser.add_argument("pte")
+    parser.add_argument("--prompt", required=True, help="token ids, comma-separated")
+    parser.add_argument("--one-call-prefill", action="store_true", help="the program takes a prompt of any length")
+    args = parser.parse_args()
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # what the runtime prints goes to stderr
+    prompt = [int(t) for t in args.prompt.split(",")]
+    try:
+        print(json.dumps(measure_file(args.pte, prompt, args.one_call_prefill)), file=out)
+    except Exception as error:  # reported as the bench's cell
+        print(json.dumps({"error": f"{type(error).__name__}: {error}"}), file=out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """ExecuTorch's own OpenVINO backend on the LLM bench's decoder, in its own process.
 
 ``python -m bench.upstream_llm --params JSON --context N --weights f32|int8|int4 --prompt IDS``
-prints one JSON line on stdout: ``{"decode_ms": ..., "pte_bytes": ...}`` or ``{"error": ...}``.
+prints one JSON line on stdout: ``{"decode_ms": ..., "pte_bytes": ...}`` or ``{"error": ...}``;
+with ``--out FILE`` it writes the ``.pte`` instead (``{"pte_bytes": ...}``).
 
 Its recipe is export_llama's ``--openvino [--pt2e_quantize openvino_8wo|openvino_4wo]``: a static
 export (one token per call), the weights compressed by NNCF's ``compress_pt2e`` with its
@@ -65,13 +66,20 @@ def main() -> int:
     parser.add_argument("--params", required=True, help="the example Llama's params, as JSON")
     parser.add_argument("--context", type=int, required=True)
     parser.add_argument("--weights", choices=("f32", "int8", "int4"), default="f32")
-    parser.add_argument("--prompt", required=True, help="token ids, comma-separated")
+    parser.add_argument("--prompt", help="token ids, comma-separated: decode after them, a token per call")
+    parser.add_argument("--out", help="write the .pte here instead of measuring it")
     args = parser.parse_args()
+    if not (args.prompt or args.out):
+        parser.error("give --prompt (measure) or --out (write the .pte)")
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what the libraries print goes to stderr
     warnings.filterwarnings("ignore")
     try:
         buffer = _lowered(json.loads(args.params), args.context, args.weights)
+        if args.out:
+            Path(args.out).write_bytes(buffer)
+            print(json.dumps({"pte_bytes": len(buffer)}), file=out)
+            return 0
         from bench.decode import token_per_call_ms
 
         prompt = [int(t) for t in args.prompt.split(",")]

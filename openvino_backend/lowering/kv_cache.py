@@ -116,8 +116,8 @@ def _cache_write(read: ov.Node, sinks: dict[str, ov.Node]) -> CacheWrite | None:
         return None
     write = readers[0].get_node()
     shape = read.get_output_partial_shape(0)
-    if shape.is_dynamic or max(shape.to_shape()) <= BLOCK:
-        return None  # (a cache of one block is read whole either way)
+    if shape.is_dynamic:
+        return None
     if write.get_type_name() == "ScatterUpdate":
         axis = _constant(write.input_value(3))
         if axis is None:
@@ -128,10 +128,10 @@ def _cache_write(read: ov.Node, sinks: dict[str, ov.Node]) -> CacheWrite | None:
         cache = _transposed_scatter(read, sink, write)
         if cache is None:
             return None
-    if cache.indices.get_partial_shape().rank.get_length() != 1:
-        return None
-    if not any(r.get_node().get_type_name() == "Assign" for r in cache.written.get_target_inputs()):
-        return None
+    if shape.to_shape()[cache.axis] <= BLOCK:
+        return None  # one block: read whole either way
+    if cache.indices.get_partial_shape().rank.get_length() != 1 or sink.input_value(0) != cache.written:
+        return None  # several positions per row, or the variable's new value is not the write's
     readers = [r for r in cache.written.get_target_inputs() if r.get_node().get_type_name() != "Assign"]
     if not readers or not all(_reaches_attention(r, cache.axis, cache.attentions) for r in readers):
         return None
