@@ -44,7 +44,8 @@ def token_per_call_ms(buffer: bytes, prompt: Sequence[int], steps: int = STEPS) 
 def measure_file(path: str, prompt: Sequence[int], one_call_prefill: bool, steps: int = STEPS) -> dict[str, float]:
     """Prefill and decode a ``.pte`` read from ``path``: prefill ms (the prompt in one call, or a
     token per call), median decode ms, and the peak resident memory of this process in MB."""
-    program = Runtime.get().load_program(Path(path))  # held while its method runs
+    # From bytes: a program loaded from a path crashed the runtime (segfault) on its first call here.
+    program = Runtime.get().load_program(Path(path).read_bytes())  # held while its method runs
     method = program.load_method("forward")
     start = time.perf_counter()
     if one_call_prefill:
