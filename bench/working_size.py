@@ -1,4 +1,8 @@
-"""The LLM bench at a working size: ExecuTorch's Llama, dim 2048, 16 layers, context 2048.
+"""The LLM bench at a working size: ExecuTorch's Llama, dim 2048, 8 layers, context 2048.
+
+The size the issue names, dim 2048 with 16 layers (3.3 GB of f32 weights), does not export
+in 24 GiB: lowering it with this backend peaks past the machine's memory (killed by the kernel
+during the f32 export). Half its layers is the largest of that width that fits.
 
 ``python -m bench --llm --working-size``. Random weights (vocabulary 2048, as the
 rest of the LLM bench), batch 1, a 64-token prompt. Each ``.pte`` is written to
@@ -33,7 +37,7 @@ from openvino_backend.llm.models import Decoder, load_decoder
 
 logger = logging.getLogger(__name__)
 
-CONFIG = {"dim": 2048, "n_layers": 16, "n_heads": 16, "vocab_size": 2048}
+CONFIG = {"dim": 2048, "n_layers": 8, "n_heads": 16, "vocab_size": 2048}
 CONTEXT = 2048
 HEADERS = (
     "backend",
