@@ -88,3 +88,14 @@ def test_each_loaded_method_starts_from_the_buffer_value_at_export() -> None:
     again = LoadedMethod(program.buffer)([x])[0]  # a fresh method: a fresh variable
     want = Accumulator()(x)
     assert Tolerance.for_output(torch.float32, scale=want.abs().max().item()).check(again, want)
+
+
+def test_a_stateful_partition_leaves_nothing_of_the_checks_behind() -> None:
+    # Preprocess converts a partition with state itself: the checks' conversion it handed over (an
+    # OpenVINO model and its compiled form, an LLM's weights and all) is dropped, not kept for the
+    # life of the process.
+    from openvino_backend.lowering import handover
+
+    before = set(handover._HANDED_OVER)
+    _lower(Accumulator().eval(), OpenvinoPartitioner())
+    assert set(handover._HANDED_OVER) <= before

@@ -61,5 +61,13 @@ def take_over(handle: str | None, program: ExportedProgram) -> ConvertedPartitio
     return handed
 
 
+def release(handle: str | None) -> None:
+    """Drop the checks' conversion of a partition preprocess converts itself (one with state):
+    held, it would keep an OpenVINO model and its compiled form, weights and all, alive for as
+    long as the process runs."""
+    if handle is not None:
+        _HANDED_OVER.pop(handle, None)
+
+
 def _key(nodes: Iterable[torch.fx.Node]) -> frozenset[str]:
     return frozenset(node.name for node in nodes if node.op == "call_function")

@@ -34,7 +34,7 @@ from openvino_backend.graph import non_default_dim_order, output_nodes, user_inp
 from openvino_backend.lowering.convert import conversion_error, convert
 from openvino_backend.lowering.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.lowering.guard import share_backend_name, upstream_preprocess
-from openvino_backend.lowering.handover import take_over
+from openvino_backend.lowering.handover import release, take_over
 from openvino_backend.lowering.kv_cache import grow_caches
 from openvino_backend.lowering.partition_model import compile_key
 from openvino_backend.lowering.passes import prepare_for_frontend
@@ -66,6 +66,8 @@ class OpenvinoBackend(BackendDetails):
         # Buffers the partition owns and mutates become OpenVINO state (state.py): the checks
         # converted the partition with them as inputs and outputs, so their work is not taken over.
         states = state_buffers(edge_program)
+        if states:
+            release(options.handover)
         handed = take_over(options.handover, edge_program) if not states else None
         if handed is not None:  # converted (and adapted) exactly so by the partitioner's checks
             graph_module, model = handed.graph_module, handed.model
