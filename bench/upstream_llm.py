@@ -2,7 +2,8 @@
 
 ``python -m bench.upstream_llm --params JSON --context N --weights f32|int8|int4 --prompt IDS``
 prints one JSON line on stdout: ``{"decode_ms": ..., "pte_bytes": ...}`` or ``{"error": ...}``;
-with ``--out FILE`` it writes the ``.pte`` instead (``{"pte_bytes": ...}``).
+with ``--out FILE`` it writes the ``.pte`` instead (``{"pte_bytes": ..., "peak_mb": ...}``, the
+export's peak resident memory).
 
 Its recipe is export_llama's ``--openvino [--pt2e_quantize openvino_8wo|openvino_4wo]``: a static
 export (one token per call), the weights compressed by NNCF's ``compress_pt2e`` with its
@@ -78,7 +79,9 @@ def main() -> int:
         buffer = _lowered(json.loads(args.params), args.context, args.weights)
         if args.out:
             Path(args.out).write_bytes(buffer)
-            print(json.dumps({"pte_bytes": len(buffer)}), file=out)
+            from bench.decode import peak_mb
+
+            print(json.dumps({"pte_bytes": len(buffer), "peak_mb": peak_mb()}), file=out)
             return 0
         from bench.decode import token_per_call_ms
 

@@ -6,9 +6,10 @@ during the f32 export). Half its layers is the largest of that width that fits.
 
 ``python -m bench --llm --working-size``. Random weights (vocabulary 2048, as the
 rest of the LLM bench), batch 1, a 64-token prompt. Each ``.pte`` is written to
-a file and measured in a fresh process (``bench/decode.py``): prefill of the
+a file by a fresh process, which reports its peak resident memory (the
+export's), and measured in another (``bench/decode.py``): prefill of the
 prompt (ours: one call; the others: a token per call, their only form), median
-decode time over 32 tokens, and the process's peak resident memory (Python,
+decode time over 32 tokens, and that process's peak resident memory (Python,
 torch and the runtime included). Beside them, the limit: the bytes of weights
 a decode step reads over the measured memory bandwidth.
 
@@ -22,6 +23,7 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,7 @@ import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
+from bench.decode import peak_mb
 from bench.llm import BYTES_PER_WEIGHT, PROMPT, UPSTREAM_TIMEOUT, memory_bandwidth, weights_read_per_token
 from openvino_backend.llm.export import example_inputs, export_decoder
 from openvino_backend.llm.models import Decoder, load_decoder
@@ -43,7 +46,8 @@ HEADERS = (
     "backend",
     "weights",
     ".pte MB",
-    "peak MB",
+    "export peak MB",
+    "run peak MB",
     "prefill 64 tok/s",
     "decode tok/s",
     "decode ms",
@@ -72,15 +76,20 @@ def _xnnpack(decoder: Decoder, best: bool) -> bytes:
     return to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
 
 
-def _upstream(path: Path, weights: str) -> bool:
-    command = [sys.executable, "-m", "bench.upstream_llm", "--params", json.dumps(CONFIG)]
-    command += ["--context", str(CONTEXT), "--weights", weights, "--out", str(path)]
+def _build(backend: str, weights: str, path: Path) -> dict:
+    """Lower one variant in a fresh process (``python -m bench.working_size``): nothing one export
+    holds weighs on the next, and the export's own peak memory is measured."""
+    if backend == "ExecuTorch's OpenVINO":
+        command = [sys.executable, "-m", "bench.upstream_llm", "--params", json.dumps(CONFIG)]
+        command += ["--context", str(CONTEXT), "--weights", weights, "--out", str(path)]
+    else:
+        command = [sys.executable, "-m", "bench.working_size", backend, weights, str(path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=UPSTREAM_TIMEOUT, check=False)
     lines = done.stdout.strip().splitlines()
-    answer = json.loads(lines[-1]) if lines else {}
+    answer = json.loads(lines[-1]) if lines else {"error": f"exit {done.returncode}: {done.stderr[-300:]}"}
     if "pte_bytes" not in answer:
-        logger.warning("ExecuTorch's OpenVINO backend, %s: %s", weights, answer.get("error", done.stderr[-500:]))
-    return "pte_bytes" in answer
+        logger.warning("%s %s: %s", backend, weights, answer.get("error"))
+    return answer
 
 
 def bench_working_size() -> tuple[list[tuple], float]:
@@ -91,43 +100,63 @@ def bench_working_size() -> tuple[list[tuple], float]:
     with tempfile.TemporaryDirectory() as tmp:
         params = Path(tmp) / "params.json"
         params.write_text(json.dumps(CONFIG))
-        decoder = load_decoder(params, max_context=CONTEXT)
-        read = weights_read_per_token(decoder)
+        read = weights_read_per_token(load_decoder(params, max_context=CONTEXT))
         variants = [
-            ("ours", "f32", lambda: export_decoder(decoder).buffer, True),
-            ("ours", "int8", lambda: export_decoder(decoder, weights="int8").buffer, True),
-            ("ours", "int4", lambda: export_decoder(decoder, weights="int4").buffer, True),
-            ("XNNPACK", "f32", lambda: _xnnpack(decoder, best=False), False),
-            ("XNNPACK", "8da4w", lambda: _xnnpack(decoder, best=True), False),
+            ("ours", "f32"),
+            ("ours", "int8"),
+            ("ours", "int4"),
+            ("XNNPACK", "f32"),
+            ("XNNPACK", "8da4w"),
+            ("ExecuTorch's OpenVINO", "f32"),
+            ("ExecuTorch's OpenVINO", "int4"),
         ]
-        for backend, weights, build, one_call in variants:
-            path = Path(tmp) / f"{backend}-{weights}.pte"
-            try:
-                path.write_bytes(build())
-            except Exception as error:  # a backend that cannot lower the model is a row that says so
-                logger.warning("%s %s: %s", backend, weights, error)
-                rows.append((backend, weights, "fails", *["-"] * 6))
-                continue
-            rows.append(_row(backend, weights, path, _measured(path, prompt, one_call), read, bandwidth))
-            path.unlink()
-        for weights in ("f32", "int4"):
-            path = Path(tmp) / f"upstream-{weights}.pte"
-            measured = _measured(path, prompt, False) if _upstream(path, weights) else {"error": "lowering failed"}
-            name = "openvino_4wo" if weights == "int4" else weights
-            rows.append(_row("ExecuTorch's OpenVINO", name, path, measured, read, bandwidth))
+        for backend, weights in variants:
+            path = Path(tmp) / "program.pte"
+            built = _build(backend, weights, path)
+            measured = _measured(path, prompt, backend == "ours") if "pte_bytes" in built else built
+            name = "openvino_4wo" if backend != "ours" and weights == "int4" else weights
+            rows.append(_row(backend, name, path, measured, built.get("peak_mb"), read, bandwidth))
+            path.unlink(missing_ok=True)
     return rows, bandwidth
 
 
-def _row(backend: str, weights: str, path: Path, measured: dict, read: int, bandwidth: float) -> tuple:
+def main() -> int:
+    """``python -m bench.working_size ours|XNNPACK WEIGHTS OUT.pte``: lower one variant, one JSON line."""
+    backend, weights, out = sys.argv[1:4]
+    stream = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        params = Path(tmp) / "params.json"
+        params.write_text(json.dumps(CONFIG))
+        decoder = load_decoder(params, max_context=CONTEXT)
+    try:
+        if backend == "ours":
+            buffer = export_decoder(decoder, weights=weights).buffer
+        else:
+            buffer = _xnnpack(decoder, best=weights == "8da4w")
+    except Exception as error:  # the row says the backend cannot lower it
+        print(json.dumps({"error": f"{type(error).__name__}: {error}"}), file=stream)
+        return 0
+    Path(out).write_bytes(buffer)
+    print(json.dumps({"pte_bytes": len(buffer), "peak_mb": peak_mb()}), file=stream)
+    return 0
+
+
+def _row(
+    backend: str, weights: str, path: Path, measured: dict, export_mb: float | None, read: int, bandwidth: float
+) -> tuple:
+    size = f"{path.stat().st_size / 1e6:.0f}" if path.exists() else "-"
+    export = f"{export_mb:.0f}" if export_mb is not None else "-"
     if "decode_ms" not in measured:
         logger.warning("%s %s: %s", backend, weights, measured.get("error"))
-        return (backend, weights, f"{path.stat().st_size / 1e6:.0f}" if path.exists() else "-", *["fails"] * 6)
+        return (backend, weights, size, export, *["fails"] * 7)
     per_weight = BYTES_PER_WEIGHT["int4" if weights in ("int4", "8da4w", "openvino_4wo") else weights]
     limit = read * per_weight / bandwidth * 1000
     return (
         backend,
         weights,
-        f"{path.stat().st_size / 1e6:.0f}",
+        size,
+        export,
         f"{measured['peak_mb']:.0f}",
         f"{PROMPT / measured['prefill_ms'] * 1000:.0f}",
         f"{1000 / measured['decode_ms']:.1f}",
@@ -135,3 +164,7 @@ def _row(backend: str, weights: str, path: Path, measured: dict, read: int, band
         f"{limit:.1f}",
         f"{measured['decode_ms'] / limit:.2f}",
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
