@@ -34,18 +34,8 @@ def token_per_call_ms(buffer: bytes, prompt: Sequence[int], steps: int = STEPS) 
     prompt fed a token per call, each next token the argmax of the last logits."""
     program = Runtime.get().load_program(buffer)  # held while its method runs
     method = program.load_method("forward")
-    logits = None
-    for position, token in enumerate(prompt):
-        logits = method.execute([torch.tensor([[token]]), torch.tensor([position])])[0]
-    position = len(prompt)
-    times = []
-    for _ in range(steps):
-        token = torch.tensor([[int(logits.reshape(-1, logits.shape[-1])[-1].argmax())]])
-        start = time.perf_counter()
-        logits = method.execute([token, torch.tensor([position])])[0]
-        times.append(1000 * (time.perf_counter() - start))
-        position += 1
-    return statistics.median(times)
+    logits, _ = _prefill(method, prompt, one_call=False)
+    return _decode_ms(method, logits, len(prompt), steps)
 
 
 def measure_file(path: str, prompt: Sequence[int], one_call_prefill: bool, steps: int = STEPS) -> dict[str, float]:
@@ -55,22 +45,33 @@ def measure_file(path: str, prompt: Sequence[int], one_call_prefill: bool, steps
     # From bytes: a program loaded from a path crashed the runtime (segfault) on its first call here.
     program = Runtime.get().load_program(Path(path).read_bytes())  # held while its method runs
     method = program.load_method("forward")
-    for _ in range(2):  # timed the second time: the first call at a shape pays OpenVINO's set-up
-        start = time.perf_counter()
-        if one_call_prefill:
-            logits = method.execute([torch.tensor([list(prompt)]), torch.tensor([0])])[0]
-        else:
-            for position, token in enumerate(prompt):
-                logits = method.execute([torch.tensor([[token]]), torch.tensor([position])])[0]
-        prefill_ms = 1000 * (time.perf_counter() - start)
-    position, times = len(prompt), []
+    _prefill(method, prompt, one_call_prefill)  # the first call at a shape pays OpenVINO's set-up
+    logits, prefill_ms = _prefill(method, prompt, one_call_prefill)
+    decode_ms = _decode_ms(method, logits, len(prompt), steps)
+    return {"prefill_ms": prefill_ms, "decode_ms": decode_ms, "peak_mb": peak_mb()}
+
+
+def _prefill(method: object, prompt: Sequence[int], one_call: bool) -> tuple[torch.Tensor, float]:
+    """The last logits after ``prompt`` from position 0 (in one call, or a token per call), and ms."""
+    start = time.perf_counter()
+    if one_call:
+        logits = method.execute([torch.tensor([list(prompt)]), torch.tensor([0])])[0]
+    else:
+        for position, token in enumerate(prompt):
+            logits = method.execute([torch.tensor([[token]]), torch.tensor([position])])[0]
+    return logits, 1000 * (time.perf_counter() - start)
+
+
+def _decode_ms(method: object, logits: torch.Tensor, position: int, steps: int) -> float:
+    """Median ms of ``steps`` one-token calls from ``position``, each token the last logits' argmax."""
+    times = []
     for _ in range(steps):
         token = torch.tensor([[int(logits.reshape(-1, logits.shape[-1])[-1].argmax())]])
         start = time.perf_counter()
         logits = method.execute([token, torch.tensor([position])])[0]
         times.append(1000 * (time.perf_counter() - start))
         position += 1
-    return {"prefill_ms": prefill_ms, "decode_ms": statistics.median(times), "peak_mb": peak_mb()}
+    return statistics.median(times)
 
 
 def main() -> int:
