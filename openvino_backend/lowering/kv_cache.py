@@ -177,9 +177,9 @@ def _reaches_attention(reader: ov.Input, axis: int, found: list[tuple[ov.Node, i
             found.append((node, index))
             return True
         return False
-    if kind not in VIEWS or index != 0 or _view_axis(node, axis) is None:
+    next_axis = _view_axis(node, axis) if kind in VIEWS and index == 0 else None
+    if next_axis is None:
         return False
-    next_axis = _view_axis(node, axis)
     readers = list(node.output(0).get_target_inputs())
     return bool(readers) and all(_reaches_attention(r, next_axis, found) for r in readers)
 
