@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
 import openvino_backend.lowering.preprocess as preprocess
+import openvino_backend.partition.partitioner as partitioner_module
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.tools.verify import check_run, lower
 from tests.harness import NO_DIM_ORDER, execute_layer_test, non_delegated_ops
@@ -105,11 +109,33 @@ def test_sample_inputs_must_match_the_program() -> None:
         lower(ShiftByAbsRange(), (torch.randn(8),), partitioner=partitioner)
 
 
-def test_the_check_runs_on_the_users_sample_inputs() -> None:
+def test_the_check_runs_on_the_users_sample_inputs(monkeypatch) -> None:
     sample = torch.full((8,), 3.0)
+    seen: list[dict] = []
+    computed = partitioner_module.sample_values
+    monkeypatch.setattr(partitioner_module, "sample_values", lambda *a, **k: seen.append(computed(*a, **k)) or seen[-1])
     partitioner = OpenvinoPartitioner(fold_constants=False, sample_inputs=(sample,))
     execute_layer_test(ShiftByAbsRange(), (torch.randn(8),), expected_partitions=None, partitioner=partitioner)
-    check = partitioner.numerical_check
-    assert check is not None
-    given = [value for node, value in check.values.items() if node.op == "placeholder" and node.name == "x"]
+    assert partitioner.numerical_check is not None and len(seen) == 1
+    given = [value for node, value in seen[0].items() if node.op == "placeholder" and node.name == "x"]
     assert len(given) == 1 and torch.equal(given[0], sample)
+
+
+def test_sample_values_are_dropped_once_partitions_settle(monkeypatch) -> None:
+    """Every node's sample value (a model's transposed weights among them) must not live as long as
+    the partitioner: on an LLM that held as much memory again as its weights through preprocess."""
+    held: list[weakref.ref] = []
+    computed = partitioner_module.sample_values
+
+    def watched(*args, **kwargs):
+        values = computed(*args, **kwargs)
+        held.extend(weakref.ref(v) for v in values.values() if isinstance(v, torch.Tensor))
+        return values
+
+    monkeypatch.setattr(partitioner_module, "sample_values", watched)
+    partitioner = OpenvinoPartitioner()
+    lower(Lookup(), (torch.tensor([[1, 4, 0]]),), partitioner=partitioner)
+    gc.collect()
+    assert held, "the numerical check computed no sample values"
+    alive = [ref() for ref in held if ref() is not None]
+    assert not any(t.shape == (3, 4) or t.shape == (1, 3, 4) for t in alive), [t.shape for t in alive]

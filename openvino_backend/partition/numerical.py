@@ -81,6 +81,12 @@ class NumericalCheck:
         self.narrowed: list[tuple[str, str]] = []  # (op, why) of each node the check kept out
         self.unchecked = 0  # partitions the check could not run
 
+    def finish(self) -> None:
+        """Drop the sample values once the partitions have settled. They hold every node's value,
+        a model's transposed weights among them; the partitioner (and so this check, for what it
+        kept out) outlives the export."""
+        self.values = {}
+
     @timed("numerical_check")
     def __call__(self, part: PartitionView) -> Iterator[Rejection]:
         nodes = part.ordered()

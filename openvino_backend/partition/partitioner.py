@@ -157,7 +157,11 @@ class OpenvinoPartitioner(Partitioner):
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         share_backend_name(OpenvinoBackend, PARTITION_KEY)
         self._export.restore_weights(exported_program)
-        proposal = self.propose(exported_program)
+        try:
+            proposal = self.propose(exported_program)
+        finally:
+            if self.numerical_check is not None:
+                self.numerical_check.finish()
         ensure_pads_delegated(exported_program, proposal.delegated, proposal.rejected)
         ensure_cpu_runnable(
             exported_program.graph_module, proposal.delegated, proposal.rejected, self._export.kept_whole
