@@ -7,10 +7,12 @@ import weakref
 
 import pytest
 import torch
+from executorch.exir import to_edge
 
 import openvino_backend.lowering.preprocess as preprocess
 import openvino_backend.partition.partitioner as partitioner_module
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.partition.samples import sample_values
 from openvino_backend.tools.verify import check_run, lower
 from tests.harness import NO_DIM_ORDER, execute_layer_test, non_delegated_ops
 
@@ -139,3 +141,20 @@ def test_sample_values_are_dropped_once_partitions_settle(monkeypatch) -> None:
     assert held, "the numerical check computed no sample values"
     alive = [ref() for ref in held if ref() is not None]
     assert not any(t.shape == (3, 4) or t.shape == (1, 3, 4) for t in alive), [t.shape for t in alive]
+
+
+def test_large_values_from_weights_alone_are_recomputed_not_held() -> None:
+    """A transposed weight is computed again when the check asks for it: the same values, a new tensor."""
+    model = torch.nn.Linear(1024, 512)
+    x = torch.randn(2, 1024)
+    program = to_edge(torch.export.export(model, (x,))).exported_program()
+    values = sample_values(program, (x,))
+    assert values is not None
+    transposes = [node for node in values if node.op == "call_function" and "permute" in str(node.target)]
+    assert len(transposes) == 1
+    first, again = values[transposes[0]], values[transposes[0]]
+    assert first is not again, "a 2 MiB transposed weight was held"
+    assert torch.equal(first, model.weight.detach().T)
+    out = next(node for node in values if node.op == "call_function" and "addmm" in str(node.target))
+    assert values[out] is values[out], "a value computed from the input must be held"
+    torch.testing.assert_close(values[out], model(x).detach())

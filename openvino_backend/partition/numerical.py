@@ -85,7 +85,7 @@ class NumericalCheck:
         """Drop the sample values once the partitions have settled. They hold every node's value,
         a model's transposed weights among them; the partitioner (and so this check, for what it
         kept out) outlives the export."""
-        self.values = {}
+        self.values = SampleValues()
 
     @timed("numerical_check")
     def __call__(self, part: PartitionView) -> Iterator[Rejection]:

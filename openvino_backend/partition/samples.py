@@ -8,7 +8,7 @@ The user's sample inputs when given; otherwise draws shaped by each input's
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -22,7 +22,54 @@ from openvino_backend.timing import timed
 
 logger = logging.getLogger(__name__)
 
-SampleValues = dict[torch.fx.Node, object]
+# A value computed from the weights alone at least this large is recomputed when asked for, not held.
+RECOMPUTED_BYTES = 1 << 20
+
+
+class SampleValues(Mapping[torch.fx.Node, object]):
+    """Every node's value in eager PyTorch.
+
+    A large value computed from the weights alone (a weight transposed, a compressed weight
+    dequantized) is computed again from its inputs each time it is asked for, not held: a
+    model's weights pass through several such steps, and holding each would hold the weights'
+    memory several times over while the partitions are checked.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[torch.fx.Node, object] = {}
+        self._recomputed: set[torch.fx.Node] = set()
+        self._order: list[torch.fx.Node] = []
+
+    def record(self, node: torch.fx.Node, value: object, *, from_weights: bool) -> None:
+        """``value``, computed for ``node``; ``from_weights``: from the program's weights alone."""
+        self._order.append(node)
+        recomputable = (
+            from_weights
+            and node.op == "call_function"
+            and torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())
+            and isinstance(value, torch.Tensor)
+            and value.nbytes >= RECOMPUTED_BYTES
+        )
+        if recomputable:
+            self._recomputed.add(node)
+        else:
+            self._held[node] = value
+
+    def __getitem__(self, node: torch.fx.Node) -> object:
+        if node in self._held:
+            return self._held[node]
+        if node not in self._recomputed:
+            raise KeyError(node)
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.__getitem__)
+        with torch.no_grad():
+            return node.target(*args, **kwargs)
+
+    def __iter__(self) -> Iterator[torch.fx.Node]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
 
 # Integer inputs no index op reads are drawn from [-INT_RANGE, INT_RANGE).
 INT_RANGE = 8
@@ -65,24 +112,30 @@ def sample_values(
 
 
 def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleValues:
-    values: SampleValues = {}
+    values = SampleValues()
     constants = {**program.state_dict, **program.constants}
     fake = sorted(name for name, value in constants.items() if isinstance(value, FakeTensor))
     if fake:
         raise ValueError(f"the program's weights are fake tensors ({', '.join(fake[:3])}...)")
     given = iter(user_inputs)
     flat = []
-    for spec in program.graph_signature.input_specs:
+    weights: set[torch.fx.Node] = set()  # nodes computed from the weights alone
+    placeholders = program.graph.find_nodes(op="placeholder")
+    for node, spec in zip(placeholders, program.graph_signature.input_specs, strict=True):
         if spec.kind == InputKind.USER_INPUT:
             flat.append(next(given))
         elif spec.target in constants:
             flat.append(constants[spec.target])
+            weights.add(node)
         else:
             raise ValueError(f"no value for input {spec.arg.name} ({spec.kind.name})")
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, node: torch.fx.Node) -> object:
-            values[node] = result = super().run_node(node)
+            result = super().run_node(node)
+            if node.op == "call_function" and all(n in weights for n in node.all_input_nodes):
+                weights.add(node)
+            values.record(node, result, from_weights=node in weights)
             return result
 
     with torch.no_grad():
