@@ -1,9 +1,4 @@
-"""The LLM bench at a working size: ExecuTorch's Llama, dim 2048, 8 layers, context 2048.
-
-Dim 2048 with 16 layers (3.3 GB of f32 weights) was killed by the kernel for want of memory
-(24 GiB) while lowered in one process with the others; that process also held, until a fix, each
-stateful partition's conversion the checks had handed over. Half its layers is what this bench
-runs, each variant lowered in a process of its own.
+"""The LLM bench at the working size: ExecuTorch's Llama, dim 2048, 16 layers, context 2048.
 
 ``python -m bench --llm --working-size``. Random weights (vocabulary 2048, as the
 rest of the LLM bench), batch 1, a 64-token prompt. Each ``.pte`` is written to
@@ -41,7 +36,7 @@ from openvino_backend.llm.models import Decoder, load_decoder
 
 logger = logging.getLogger(__name__)
 
-CONFIG = {"dim": 2048, "n_layers": 8, "n_heads": 16, "vocab_size": 2048}
+CONFIG = {"dim": 2048, "n_layers": 16, "n_heads": 16, "vocab_size": 2048}
 CONTEXT = 2048
 HEADERS = (
     "backend",
