@@ -12,7 +12,7 @@ from executorch.exir import to_edge
 import openvino_backend.lowering.preprocess as preprocess
 import openvino_backend.partition.partitioner as partitioner_module
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
-from openvino_backend.partition.samples import sample_values
+from openvino_backend.partition.samples import SampleValues, sample_values
 from openvino_backend.tools.verify import check_run, lower
 from tests.harness import NO_DIM_ORDER, execute_layer_test, non_delegated_ops
 
@@ -113,7 +113,7 @@ def test_sample_inputs_must_match_the_program() -> None:
 
 def test_the_check_runs_on_the_users_sample_inputs(monkeypatch) -> None:
     sample = torch.full((8,), 3.0)
-    seen: list[dict] = []
+    seen: list[SampleValues] = []
     computed = partitioner_module.sample_values
     monkeypatch.setattr(partitioner_module, "sample_values", lambda *a, **k: seen.append(computed(*a, **k)) or seen[-1])
     partitioner = OpenvinoPartitioner(fold_constants=False, sample_inputs=(sample,))
