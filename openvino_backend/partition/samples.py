@@ -35,14 +35,13 @@ class SampleValues(Mapping[torch.fx.Node, object]):
     memory several times over while the partitions are checked.
     """
 
+    _RECOMPUTED = object()  # held in place of a value computed again when asked for
+
     def __init__(self) -> None:
-        self._held: dict[torch.fx.Node, object] = {}
-        self._recomputed: set[torch.fx.Node] = set()
-        self._order: list[torch.fx.Node] = []
+        self._values: dict[torch.fx.Node, object] = {}
 
     def record(self, node: torch.fx.Node, value: object, *, from_weights: bool) -> None:
         """``value``, computed for ``node``; ``from_weights``: from the program's weights alone."""
-        self._order.append(node)
         recomputable = (
             from_weights
             and node.op == "call_function"
@@ -50,25 +49,21 @@ class SampleValues(Mapping[torch.fx.Node, object]):
             and isinstance(value, torch.Tensor)
             and value.nbytes >= RECOMPUTED_BYTES
         )
-        if recomputable:
-            self._recomputed.add(node)
-        else:
-            self._held[node] = value
+        self._values[node] = self._RECOMPUTED if recomputable else value
 
     def __getitem__(self, node: torch.fx.Node) -> object:
-        if node in self._held:
-            return self._held[node]
-        if node not in self._recomputed:
-            raise KeyError(node)
+        value = self._values[node]
+        if value is not self._RECOMPUTED:
+            return value
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.__getitem__)
         with torch.no_grad():
             return node.target(*args, **kwargs)
 
     def __iter__(self) -> Iterator[torch.fx.Node]:
-        return iter(self._order)
+        return iter(self._values)
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._values)
 
 
 # Integer inputs no index op reads are drawn from [-INT_RANGE, INT_RANGE).
