@@ -158,3 +158,21 @@ def test_large_values_from_weights_alone_are_recomputed_not_held() -> None:
     out = next(node for node in values if node.op == "call_function" and "addmm" in str(node.target))
     assert values[out] is values[out], "a value computed from the input must be held"
     torch.testing.assert_close(values[out], model(x).detach())
+
+
+def test_a_weight_written_in_place_is_not_recomputed() -> None:
+    """A value read from a weight the program then writes in place is held as it was when computed:
+    computing it again afterwards would read the written weight."""
+    model = torch.nn.Linear(1024, 512)
+    x = torch.randn(2, 1024)
+    program = to_edge(torch.export.export(model, (x,))).exported_program()
+    graph = program.graph
+    transpose = next(node for node in graph.nodes if node.op == "call_function" and "permute" in str(node.target))
+    weight = transpose.args[0]
+    with graph.inserting_after(transpose):
+        graph.call_function(torch.ops.aten.add_.Scalar, (weight, 1.0))
+    program.graph_module.recompile()
+    original = model.weight.detach().clone()
+    values = sample_values(program, (x,))
+    assert values is not None
+    assert torch.equal(values[transpose], original.T)

@@ -19,6 +19,7 @@ from torch.export.graph_signature import InputKind
 from openvino_backend.graph import non_default_dim_order, op_name
 from openvino_backend.ops import facts
 from openvino_backend.timing import timed
+from openvino_backend.transform.fold import mutated_in_place
 
 logger = logging.getLogger(__name__)
 
@@ -115,20 +116,23 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
     given = iter(user_inputs)
     flat = []
     weights: set[torch.fx.Node] = set()  # nodes computed from the weights alone
+    # A tensor written in place would not be computed again as it was: it, and what reads it, is held.
+    written = mutated_in_place(program.graph)
     placeholders = program.graph.find_nodes(op="placeholder")
     for node, spec in zip(placeholders, program.graph_signature.input_specs, strict=True):
         if spec.kind == InputKind.USER_INPUT:
             flat.append(next(given))
         elif spec.target in constants:
             flat.append(constants[spec.target])
-            weights.add(node)
+            if node not in written:
+                weights.add(node)
         else:
             raise ValueError(f"no value for input {spec.arg.name} ({spec.kind.name})")
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, node: torch.fx.Node) -> object:
             result = super().run_node(node)
-            if node.op == "call_function" and all(n in weights for n in node.all_input_nodes):
+            if node.op == "call_function" and node not in written and all(n in weights for n in node.all_input_nodes):
                 weights.add(node)
             values.record(node, result, from_weights=node in weights)
             return result
