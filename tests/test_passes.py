@@ -82,6 +82,47 @@ def test_a_weight_expanded_for_a_bmm_reaches_openvino_as_it_is() -> None:
     _assert_right_at(module, program.buffer, [[torch.randn(n, 5, 16)] for n in (1, 2, 8)])
 
 
+class RepeatByOne(torch.nn.Module):
+    """``repeat_interleave`` by 1 along the heads, as grouped-query attention with as many key as
+    query heads does: it decomposes into an expand to the input's own shape. ``expanded`` returns
+    an expand of the input itself, which stays (a Result straight from a Parameter otherwise)."""
+
+    def __init__(self, expanded: bool = False) -> None:
+        super().__init__()
+        self.expanded = expanded
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.expanded:
+            return x.expand(x.shape)
+        return torch.repeat_interleave(x * 2, 1, dim=1) + 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_an_expand_to_its_own_shape_does_not_reach_openvino(dynamic: bool) -> None:
+    module = RepeatByOne().eval()
+    x = torch.randn(2, 4, 3, 8)
+    exported = torch.export.export(
+        module, (x,), dynamic_shapes=({0: BATCH, 2: Dim("seq", max=64)},) if dynamic else None
+    )
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    assert program.exported_program().graph_module.lowered_module_0.original_module.graph.find_nodes(
+        op="call_function", target=_EDGE.expand_copy.default
+    ), "the model no longer decomposes into an expand: this test tests nothing"
+
+    assert not _frontend_graph(program).find_nodes(op="call_function", target=_EDGE.expand_copy.default)
+    sizes = [(1, 4, 1, 8), (3, 4, 17, 8)] if dynamic else [(2, 4, 3, 8)]
+    _assert_right_at(module, program.buffer, [[torch.randn(size)] for size in sizes])
+
+
+def test_an_expand_of_a_partition_input_to_its_own_shape_stays() -> None:
+    module = RepeatByOne(expanded=True).eval()
+    x = torch.randn(2, 4, 3, 8)
+    exported = torch.export.export(module, (x,), dynamic_shapes=({0: BATCH},))
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    assert _frontend_graph(program).find_nodes(op="call_function", target=_EDGE.expand_copy.default)
+    _assert_right_at(module, program.buffer, [[torch.randn(n, 4, 3, 8)] for n in (1, 5)])
+
+
 class RegroupedBmm(torch.nn.Module):
     """A bmm whose result is viewed with its batch regrouped: not a matmul of the unflattened inputs."""
 
