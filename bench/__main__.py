@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "--peers", action="store_true", help="only ours vs XNNPACK vs OpenVINO alone on real architectures"
     )
     parser.add_argument(
-        "--working-size", action="store_true", help="--llm: only the working size (dim 2048, 8 layers, context 2048)"
+        "--working-size", action="store_true", help="--llm: only the working size (dim 2048, 16 layers, context 2048)"
     )
     parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
     parser.add_argument("--no-int8", action="store_true", help="--peers: f32 only")
