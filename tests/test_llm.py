@@ -150,3 +150,20 @@ def test_compression_is_refused_by_name_when_asked_wrongly(wide_llama: Decoder) 
         export_decoder(wide_llama, weights="int3")
     with pytest.raises(CompressionError, match="outside the vocabulary of 512"):
         export_decoder(wide_llama, weights="int4", calibration=[[1, 600]])
+
+
+@pytest.mark.slow
+def test_4_bit_weights_of_a_width_no_multiple_of_128_compress_in_smaller_groups(tmp_path: Path) -> None:
+    """SmolLM2-135M is 576 wide: 4.5 groups of 128. Its layers take groups of 64 rather than refusing."""
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"dim": 320, "n_layers": 1, "n_heads": 5, "vocab_size": 512}))
+    decoder = load_decoder(path, max_context=CONTEXT)
+    f32 = export_decoder(decoder).buffer
+    compressed = export_decoder(decoder, weights="int4").buffer
+    assert len(compressed) <= 0.3 * len(f32), (len(compressed), len(f32))
+    tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = copy.deepcopy(decoder.module)(tokens, torch.tensor([0]))[-1]
+    got = Generator(compressed)(tokens[0].tolist())
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.99

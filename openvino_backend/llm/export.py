@@ -3,16 +3,18 @@ length in one call and decodes, its KV cache in OpenVINO state, its weights in f
 compressed to 8 or 4 bits.
 
 Compressed weights are NNCF's (``nncf.compress_weights`` on the exported graph: OpenVINO's own
-scheme, INT8 asymmetric per channel or INT4 symmetric in groups of 128; with AWQ and scale
-estimation when calibration prompts are given). The integer weights and their dequantize reach
-OpenVINO as they are, which keeps them compressed in the compiled model: the ``.pte`` stores
-them at 8 or 4 bits, and decode reads a quarter or an eighth of the bytes.
+scheme, INT8 asymmetric per channel or INT4 symmetric in groups of 128, smaller where a layer's
+width asks for it; with AWQ and scale estimation when calibration prompts are given). The
+integer weights and their dequantize reach OpenVINO as they are, which keeps them compressed
+in the compiled model: the ``.pte`` stores them at 8 or 4 bits, and decode reads a quarter or
+an eighth of the bytes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Literal
 
 import torch
@@ -95,6 +97,17 @@ def export_decoder(
     return edge.to_executorch()
 
 
+def _nncf_verdicts(nncf: ModuleType) -> tuple[type[Exception], ...]:
+    """NNCF's errors that judge the model or the options, not NNCF itself."""
+    errors = nncf.errors
+    return (
+        errors.ValidationError,
+        errors.InvalidGroupSizeError,
+        errors.UnsupportedModelError,
+        errors.ParameterNotSupportedError,
+    )
+
+
 def compress_weights(
     graph_module: torch.fx.GraphModule, weights: Weights, calibration: Sequence[Sequence[int]], decoder: Decoder
 ) -> torch.fx.GraphModule:
@@ -107,7 +120,10 @@ def compress_weights(
     if weights == "int8":
         options["mode"] = nncf.CompressWeightsMode.INT8_ASYM
     else:
-        options.update(mode=nncf.CompressWeightsMode.INT4_SYM, group_size=INT4_GROUP)
+        # A layer whose input width is no multiple of 128 (SmolLM2's 576) gets the largest power of
+        # two that divides it, down to 32; below that it stays 8-bit. NNCF refuses the model otherwise.
+        adjust = nncf.AdvancedCompressionParameters(group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST)
+        options.update(mode=nncf.CompressWeightsMode.INT4_SYM, group_size=INT4_GROUP, advanced_parameters=adjust)
         if calibration:
             samples = [
                 (torch.tensor([list(prompt)], dtype=torch.long), torch.tensor([0], dtype=torch.long))
@@ -121,4 +137,7 @@ def compress_weights(
         raise CompressionError(
             f"calibration token ids {outside[:5]} are outside the vocabulary of {decoder.vocab_size}"
         )
-    return nncf.compress_weights(graph_module, **options)
+    try:
+        return nncf.compress_weights(graph_module, **options)
+    except _nncf_verdicts(nncf) as error:  # NNCF's own verdict on this model and these options
+        raise CompressionError(f"NNCF cannot compress {decoder.name} to {weights}: {error}") from error
