@@ -9,7 +9,7 @@ written as a Hugging Face directory, what a user of ``export-llm`` has. It is
 kept in ``~/.cache/openvino_backend/smollm2-135m``.
 
 For f32, int8 and int4 weights, and int4 with AWQ and scale estimation on a
-calibration text (``export_decoder``, dynamic, context 256), after each prompt
+calibration text (``export_graph``, dynamic, context 256), after each prompt
 and then for 32 tokens chosen by the eager float model:
 
 * ours against the eager model with the same weights (the compressed graph
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from openvino_backend.llm.export import compress_weights, example_inputs, export_decoder
+from openvino_backend.llm.export import export_graph, lower_graph
 from openvino_backend.llm.generate import Generator
-from openvino_backend.llm.models import Decoder, load_decoder
+from openvino_backend.llm.models import load_decoder
 
 logger = logging.getLogger(__name__)
 
@@ -99,39 +99,19 @@ def checkpoint_directory(cache: Path = CACHE) -> Path:
     return cache
 
 
-def _eager_steps(decoder: Decoder, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-    """The eager float model's next STEPS greedy tokens after the prompt, and its logits at each step."""
-    module = copy.deepcopy(decoder.module)
-    tokens, fed, logits, position = [], list(prompt), [], 0
+def _eager(module: torch.nn.Module, prompt: list[int], tokens: list[int] | None = None) -> tuple[list[int], list]:
+    """An eager model fed the prompt, then ``tokens`` or, without them, its own next STEPS greedy
+    tokens: the tokens fed after the prompt, and its logits at each step."""
+    module = copy.deepcopy(module)
+    chosen, fed, logits, position = [], list(prompt), [], 0
     with torch.no_grad():
-        for _ in range(STEPS + 1):
+        for step in range(STEPS + 1 if tokens is None else len(tokens)):
             out = module(torch.tensor([fed]), torch.tensor([position]))[-1]
             logits.append(out)
             position += len(fed)
-            fed = [int(out.argmax())]
-            tokens.append(fed[0])
-    return tokens, logits
-
-
-def _eager_followed(module: torch.nn.Module, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
-    """An eager model's logits, fed the prompt and then ``tokens``."""
-    module = copy.deepcopy(module)
-    fed, logits, position = list(prompt), [], 0
-    with torch.no_grad():
-        for token in tokens:
-            logits.append(module(torch.tensor([fed]), torch.tensor([position]))[-1])
-            position += len(fed)
-            fed = [token]
-    return logits
-
-
-def _compressed(decoder: Decoder, weights: str, calibration: list[list[int]]) -> torch.nn.Module:
-    """The eager model with the same compressed weights as the program (before lowering)."""
-    inputs = example_inputs(decoder, 3)
-    shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None)
-    with torch.no_grad():
-        exported = torch.export.export(decoder.module, inputs, dynamic_shapes=shapes, strict=decoder.strict)
-        return compress_weights(exported.module(), weights, calibration, decoder)
+            fed = [int(out.argmax()) if tokens is None else tokens[step]]
+            chosen.append(fed[0])
+    return chosen, logits
 
 
 def _followed(buffer: bytes, prompt: list[int], tokens: list[int]) -> tuple[list[torch.Tensor], list[float]]:
@@ -161,16 +141,17 @@ def bench_real(directory: Path | None = None) -> tuple[list[tuple], dict[str, st
     tokenizer = AutoTokenizer.from_pretrained(directory)
     decoder = load_decoder(directory, max_context=CONTEXT)
     prompts = [tokenizer(text).input_ids for text in PROMPTS]
-    references = [_eager_steps(decoder, prompt) for prompt in prompts]
+    references = [_eager(decoder.module, prompt) for prompt in prompts]
     float_logits = [logits for _, logits in references]
     texts = {"eager f32": tokenizer.decode(references[0][0][:TEXT_TOKENS])}
     calibration = [tokenizer(text).input_ids for text in CALIBRATION]
     rows = []
     for name, weights, samples in VARIANTS:
         samples = calibration if samples else []
-        buffer = export_decoder(decoder, weights=weights, calibration=samples).buffer
-        same = _compressed(decoder, weights, samples) if weights != "f32" else decoder.module
-        eager = [_eager_followed(same, p, tokens) for p, (tokens, _) in zip(prompts, references, strict=True)]
+        graph = export_graph(decoder, weights=weights, calibration=samples)
+        same = graph.module()  # the eager model with exactly the program's weights
+        buffer = lower_graph(graph, decoder).buffer
+        eager = [_eager(same, p, tokens)[1] for p, (tokens, _) in zip(prompts, references, strict=True)]
         runs = [_followed(buffer, p, tokens) for p, (tokens, _) in zip(prompts, references, strict=True)]
         ours = [logits for logits, _ in runs]
         rows.append(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from openvino_backend.llm.export import CompressionError, export_decoder
+from openvino_backend.llm.export import CompressionError, export_decoder, export_graph, lower_graph
 from openvino_backend.llm.generate import Generator
 from openvino_backend.llm.models import Decoder, ModelSourceError, load_decoder
 from openvino_backend.runtime import Tolerance
@@ -143,6 +143,26 @@ def test_compressed_weights_stay_compressed_and_keep_the_logits(
         want = copy.deepcopy(wide_llama.module)(tokens, torch.tensor([0]))[-1]
     got = Generator(compressed)(tokens[0].tolist())
     assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.99
+
+
+@pytest.mark.slow
+def test_the_exported_graph_is_the_eager_model_with_the_programs_weights(wide_llama: Decoder) -> None:
+    """``export_graph`` hands back what ``lower_graph`` lowers: its module computes with the 4-bit
+    weights, and the program follows it more closely than it follows the float model."""
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    graph = export_graph(wide_llama, weights="int4")
+    same = graph.module()
+    assert any(b.dtype == torch.uint8 for b in same.buffers()), "no compressed weights in the graph"
+    got = Generator(lower_graph(graph, wide_llama).buffer)
+    tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        compressed = same(tokens, torch.tensor([0]))[-1]
+        floating = copy.deepcopy(wide_llama.module)(tokens, torch.tensor([0]))[-1]
+    ours = got(tokens[0].tolist())
+    cosine = torch.nn.functional.cosine_similarity
+    to_compressed, to_float = float(cosine(ours, compressed, dim=0)), float(cosine(ours, floating, dim=0))
+    assert to_compressed >= 0.999, to_compressed
+    assert to_compressed > to_float, (to_compressed, to_float)
 
 
 def test_compression_is_refused_by_name_when_asked_wrongly(wide_llama: Decoder) -> None:

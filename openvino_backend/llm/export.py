@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Literal
 
 import torch
@@ -69,6 +68,19 @@ def export_decoder(
     """Export and lower ``decoder``. ``dynamic``: prompts of 1 to ``max_context - 1`` tokens in one
     call; otherwise one token per call. ``weights``: ``f32``, or compressed to ``int8`` / ``int4``;
     ``calibration`` prompts (token ids) turn on AWQ and scale estimation for ``int4``."""
+    exported = export_graph(decoder, dynamic=dynamic, weights=weights, calibration=calibration)
+    return lower_graph(exported, decoder, dynamic=dynamic, partitioner=partitioner)
+
+
+def export_graph(
+    decoder: Decoder,
+    *,
+    dynamic: bool = True,
+    weights: Weights = "f32",
+    calibration: Sequence[Sequence[int]] = (),
+) -> torch.export.ExportedProgram:
+    """``decoder`` exported, its weights compressed as asked: the graph ``lower_graph`` lowers, and
+    whose ``module()`` is the eager model with exactly the program's weights."""
     if weights not in WEIGHTS:
         raise CompressionError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS)}")
     inputs = example_inputs(decoder, 3 if dynamic else 1)
@@ -78,8 +90,19 @@ def export_decoder(
         if weights != "f32":
             compressed = compress_weights(exported.module(), weights, calibration, decoder)
             exported = torch.export.export(compressed, inputs, dynamic_shapes=shapes)
+    return exported
+
+
+def lower_graph(
+    exported: torch.export.ExportedProgram,
+    decoder: Decoder,
+    *,
+    dynamic: bool = True,
+    partitioner: OpenvinoPartitioner | None = None,
+) -> ExecutorchProgramManager:
+    """An ``export_graph`` result lowered by this backend, with the constant methods LLM runners read."""
     # The numerical check runs on a real prompt at position 0 (drawn positions could be negative).
-    partitioner = partitioner or OpenvinoPartitioner(sample_inputs=inputs)
+    partitioner = partitioner or OpenvinoPartitioner(sample_inputs=example_inputs(decoder, 3 if dynamic else 1))
     edge = to_edge_transform_and_lower(
         exported,
         partitioner=[partitioner],
@@ -95,17 +118,6 @@ def export_decoder(
         len(report.state_buffers),
     )
     return edge.to_executorch()
-
-
-def _nncf_verdicts(nncf: ModuleType) -> tuple[type[Exception], ...]:
-    """NNCF's errors that judge the model or the options, not NNCF itself."""
-    errors = nncf.errors
-    return (
-        errors.ValidationError,
-        errors.InvalidGroupSizeError,
-        errors.UnsupportedModelError,
-        errors.ParameterNotSupportedError,
-    )
 
 
 def compress_weights(
@@ -137,7 +149,14 @@ def compress_weights(
         raise CompressionError(
             f"calibration token ids {outside[:5]} are outside the vocabulary of {decoder.vocab_size}"
         )
+    # NNCF's errors that judge the model or the options, not NNCF itself.
+    verdicts = (
+        nncf.errors.ValidationError,
+        nncf.errors.InvalidGroupSizeError,
+        nncf.errors.UnsupportedModelError,
+        nncf.errors.ParameterNotSupportedError,
+    )
     try:
         return nncf.compress_weights(graph_module, **options)
-    except _nncf_verdicts(nncf) as error:  # NNCF's own verdict on this model and these options
+    except verdicts as error:
         raise CompressionError(f"NNCF cannot compress {decoder.name} to {weights}: {error}") from error
