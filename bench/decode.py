@@ -19,6 +19,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as bench/__init__.py: PyT
 import torch
 from executorch.runtime import Runtime
 
+from bench import answer_stream
+
 STEPS = 32
 
 
@@ -81,8 +83,7 @@ def main() -> int:
     parser.add_argument("--prompt", required=True, help="token ids, comma-separated")
     parser.add_argument("--one-call-prefill", action="store_true", help="the program takes a prompt of any length")
     args = parser.parse_args()
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # what the runtime prints goes to stderr
+    out = answer_stream()
     prompt = [int(t) for t in args.prompt.split(",")]
     try:
         print(json.dumps(measure_file(args.pte, prompt, args.one_call_prefill)), file=out)

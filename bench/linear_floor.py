@@ -59,16 +59,15 @@ def linear_floor_ms(decoder: Decoder, weights: str, calls: int = 30) -> float:
 def main() -> int:
     """``python -m bench.linear_floor PARAMS_JSON CONTEXT WEIGHTS``: one JSON line, ``{"decode_ms": ...}``."""
     import json
-    import os
     import sys
     import tempfile
     from pathlib import Path
 
+    from bench import answer_stream
     from openvino_backend.llm.models import load_decoder
 
     params, context, weights = sys.argv[1:4]
-    stream = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # NNCF's progress goes to stderr; the answer is the one line on stdout
+    stream = answer_stream()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "params.json"
         path.write_text(params)

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from bench import answer_stream
+
 REPS = 5
 TARGET_SECONDS = 0.25  # per measurement: enough calls that the timer's resolution does not matter
 MODEL_TIMEOUT = 900
@@ -529,9 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # what the libraries print goes to stderr; the report alone to stdout
-    sys.stdout = sys.stderr
+    out = answer_stream()
     print(json.dumps(measure(args.model, int8=not args.no_int8)), file=out)
     return 0
 

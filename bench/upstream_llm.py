@@ -23,6 +23,8 @@ import traceback
 import warnings
 from pathlib import Path
 
+from bench import answer_stream
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as bench/__init__.py: PyTorch's idle workers sleep
 
 
@@ -72,8 +74,7 @@ def main() -> int:
     args = parser.parse_args()
     if not (args.prompt or args.out):
         parser.error("give --prompt (measure) or --out (write the .pte)")
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # what the libraries print goes to stderr
+    out = answer_stream()
     warnings.filterwarnings("ignore")
     try:
         buffer = _lowered(json.loads(args.params), args.context, args.weights)

@@ -12,24 +12,18 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import sys
 import time
 import warnings
 
-
-def _protocol_stream():
-    stream = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # library prints (C and Python) go to stderr from here on
-    sys.stdout = sys.stderr
-    return stream
+from bench import answer_stream
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("ours", "ours-no-check", "upstream"), required=True)
     args = parser.parse_args()
-    out = _protocol_stream()
+    out = answer_stream()
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
 

@@ -22,7 +22,6 @@ import copy
 import dataclasses
 import json
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
+from bench import answer_stream
 from bench.decode import peak_mb
 from bench.llm import BYTES_PER_WEIGHT, PROMPT, UPSTREAM_TIMEOUT, memory_bandwidth, weights_read_per_token
 from openvino_backend.llm.export import example_inputs, export_decoder
@@ -139,8 +139,7 @@ def _floor_row(weights: str, read: int, bandwidth: float) -> tuple:
 def main() -> int:
     """``python -m bench.working_size ours|XNNPACK WEIGHTS OUT.pte``: lower one variant, one JSON line."""
     backend, weights, out = sys.argv[1:4]
-    stream = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    stream = answer_stream()
     with tempfile.TemporaryDirectory() as tmp:
         params = Path(tmp) / "params.json"
         params.write_text(json.dumps(CONFIG))
