@@ -170,6 +170,41 @@ def test_compression_is_refused_by_name_when_asked_wrongly(wide_llama: Decoder) 
         export_decoder(wide_llama, weights="int3")
     with pytest.raises(CompressionError, match="outside the vocabulary of 512"):
         export_decoder(wide_llama, weights="int4", calibration=[[1, 600]])
+    for ratio in (0.0, 1.5):
+        with pytest.raises(CompressionError, match=f"ratio {ratio}: the share of layers in 4 bits"):
+            export_decoder(wide_llama, weights="int4", ratio=ratio)
+    with pytest.raises(CompressionError, match="group size 0"):
+        export_decoder(wide_llama, weights="int4", group_size=0)
+
+
+def test_a_bad_ratio_is_a_usage_error_on_the_command_line(tmp_path: Path, llama_params: Path, capsys) -> None:
+    out = tmp_path / "x.pte"
+    assert main(["export-llm", str(llama_params), "-o", str(out), "--weights", "int4", "--ratio", "2"]) == EXIT_USAGE
+    assert "ratio 2.0" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_mixed_4_and_8_bit_weights_and_smaller_groups_reach_the_program(wide_llama: Decoder) -> None:
+    """``ratio`` keeps some layers in 8 bits and ``group_size`` sets the scales' reach: both show in
+    the program's size, between all-4-bit and all-8-bit, and the mix keeps the logits."""
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    size = {
+        name: len(export_decoder(wide_llama, weights=weights, **options).buffer)
+        for name, weights, options in (
+            ("int4", "int4", {}),
+            ("int8", "int8", {}),
+            ("groups of 32", "int4", {"group_size": 32}),
+        )
+    }
+    mixed = export_decoder(wide_llama, weights="int4", ratio=0.5).buffer
+    assert size["int4"] < len(mixed) < size["int8"], (size, len(mixed))
+    assert size["int4"] < size["groups of 32"] < size["int8"], size
+    tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = copy.deepcopy(wide_llama.module)(tokens, torch.tensor([0]))[-1]
+    got = Generator(mixed)(tokens[0].tolist())
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.99
 
 
 @pytest.mark.slow

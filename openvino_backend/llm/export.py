@@ -4,7 +4,8 @@ compressed to 8 or 4 bits.
 
 Compressed weights are NNCF's (``nncf.compress_weights`` on the exported graph: OpenVINO's own
 scheme, INT8 asymmetric per channel or INT4 symmetric in groups of 128, smaller where a layer's
-width asks for it; with AWQ and scale estimation when calibration prompts are given). The
+width asks for it; with AWQ and scale estimation when calibration prompts are given; mixed with
+8-bit layers when asked for a ratio below 1). The
 integer weights and their dequantize reach OpenVINO as they are, which keeps them compressed
 in the compiled model: the ``.pte`` stores them at 8 or 4 bits, and decode reads a quarter or
 an eighth of the bytes.
@@ -63,12 +64,18 @@ def export_decoder(
     dynamic: bool = True,
     weights: Weights = "f32",
     calibration: Sequence[Sequence[int]] = (),
+    ratio: float = 1.0,
+    group_size: int = INT4_GROUP,
     partitioner: OpenvinoPartitioner | None = None,
 ) -> ExecutorchProgramManager:
     """Export and lower ``decoder``. ``dynamic``: prompts of 1 to ``max_context - 1`` tokens in one
-    call; otherwise one token per call. ``weights``: ``f32``, or compressed to ``int8`` / ``int4``;
-    ``calibration`` prompts (token ids) turn on AWQ and scale estimation for ``int4``."""
-    exported = export_graph(decoder, dynamic=dynamic, weights=weights, calibration=calibration)
+    call; otherwise one token per call. ``weights``: ``f32``, or compressed to ``int8`` / ``int4``.
+    For ``int4``: ``calibration`` prompts (token ids) turn on AWQ and scale estimation; ``ratio`` is
+    the share of the layers in 4 bits (the rest, those NNCF ranks most sensitive, in 8), and
+    ``group_size`` the weights per 4-bit scale."""
+    exported = export_graph(
+        decoder, dynamic=dynamic, weights=weights, calibration=calibration, ratio=ratio, group_size=group_size
+    )
     return lower_graph(exported, decoder, dynamic=dynamic, partitioner=partitioner)
 
 
@@ -78,6 +85,8 @@ def export_graph(
     dynamic: bool = True,
     weights: Weights = "f32",
     calibration: Sequence[Sequence[int]] = (),
+    ratio: float = 1.0,
+    group_size: int = INT4_GROUP,
 ) -> torch.export.ExportedProgram:
     """``decoder`` exported, its weights compressed as asked: the graph ``lower_graph`` lowers, and
     whose ``module()`` is the eager model with exactly the program's weights."""
@@ -88,7 +97,9 @@ def export_graph(
     with torch.no_grad():
         exported = torch.export.export(decoder.module, inputs, dynamic_shapes=shapes, strict=decoder.strict)
         if weights != "f32":
-            compressed = compress_weights(exported.module(), weights, calibration, decoder)
+            compressed = compress_weights(
+                exported.module(), weights, calibration, decoder, ratio=ratio, group_size=group_size
+            )
             exported = torch.export.export(compressed, inputs, dynamic_shapes=shapes)
     return exported
 
@@ -121,9 +132,20 @@ def lower_graph(
 
 
 def compress_weights(
-    graph_module: torch.fx.GraphModule, weights: Weights, calibration: Sequence[Sequence[int]], decoder: Decoder
+    graph_module: torch.fx.GraphModule,
+    weights: Weights,
+    calibration: Sequence[Sequence[int]],
+    decoder: Decoder,
+    *,
+    ratio: float = 1.0,
+    group_size: int = INT4_GROUP,
 ) -> torch.fx.GraphModule:
-    """The exported graph with its linear and embedding weights compressed by NNCF."""
+    """The exported graph with its linear and embedding weights compressed by NNCF (``export_decoder``
+    says what the options mean)."""
+    if not 0 < ratio <= 1:
+        raise CompressionError(f"ratio {ratio}: the share of layers in 4 bits is in (0, 1]")
+    if group_size < 1:
+        raise CompressionError(f"group size {group_size}: expected a positive number of weights per scale")
     try:
         import nncf
     except ImportError as error:
@@ -135,7 +157,9 @@ def compress_weights(
         # A layer whose input width is no multiple of 128 (SmolLM2's 576) gets the largest power of
         # two that divides it, down to 32; below that it stays 8-bit. NNCF refuses the model otherwise.
         adjust = nncf.AdvancedCompressionParameters(group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST)
-        options.update(mode=nncf.CompressWeightsMode.INT4_SYM, group_size=INT4_GROUP, advanced_parameters=adjust)
+        options.update(
+            mode=nncf.CompressWeightsMode.INT4_SYM, group_size=group_size, ratio=ratio, advanced_parameters=adjust
+        )
         if calibration:
             samples = [
                 (torch.tensor([list(prompt)], dtype=torch.long), torch.tensor([0], dtype=torch.long))
@@ -144,6 +168,8 @@ def compress_weights(
             options.update(dataset=nncf.Dataset(samples), awq=True, scale_estimation=True, subset_size=len(samples))
     if calibration and weights != "int4":
         logger.warning("calibration prompts only serve 4-bit weights (AWQ, scale estimation): ignored")
+    if (ratio, group_size) != (1.0, INT4_GROUP) and weights != "int4":
+        logger.warning("ratio and group size only shape 4-bit weights: ignored for %s", weights)
     outside = [t for prompt in calibration for t in prompt if not 0 <= t < decoder.vocab_size]
     if outside:
         raise CompressionError(

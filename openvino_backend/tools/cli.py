@@ -128,6 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TEXT",
         help="with int4: a prompt (tokenized with the model's tokenizer) for AWQ and scale estimation; repeatable",
     )
+    llm.add_argument(
+        "--ratio",
+        type=float,
+        default=1.0,
+        help="with int4: the share of the layers in 4 bits, the rest (those NNCF ranks most sensitive) in "
+        "8 bits; default 1",
+    )
+    llm.add_argument(
+        "--group-size",
+        "--group_size",
+        type=int,
+        default=128,
+        help="with int4: weights per scale (default 128; a layer too narrow for it takes smaller groups)",
+    )
     llm.add_argument("--debug", action="store_true", help="tracebacks and library logs")
 
     gen = commands.add_parser("generate", help="generate text from an exported LLM on ExecuTorch's runtime")

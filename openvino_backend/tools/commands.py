@@ -218,7 +218,12 @@ def export_llm(args: argparse.Namespace) -> int:
         calibration = [list(tokenizer.encode(text, bos=True, eos=False)) for text in args.calibration_prompt]
     try:
         program = export_decoder(
-            decoder, dynamic=not args.disable_dynamic_shapes, weights=weights, calibration=calibration
+            decoder,
+            dynamic=not args.disable_dynamic_shapes,
+            weights=weights,
+            calibration=calibration,
+            ratio=args.ratio,
+            group_size=args.group_size,
         )
     except CompressionError as error:
         raise UsageError(str(error)) from error
