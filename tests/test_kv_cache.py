@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import logging
 from pathlib import Path
 
+import openvino as ov
 import pytest
 import torch
+from executorch.exir import ExecutorchProgramManager
 
 from openvino_backend.llm.export import export_decoder
 from openvino_backend.llm.models import load_decoder
@@ -86,3 +89,40 @@ def test_a_cache_of_one_block_is_left_at_its_length(params: Path, caplog: pytest
     with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.kv_cache"):
         export_decoder(short)
     assert not any("read their KV cache" in record.getMessage() for record in caplog.records)
+
+
+def _compiled_models(program: ExecutorchProgramManager) -> list[ov.Model]:
+    """The runtime graphs of the program's OpenVINO blobs, as the CPU plugin imports them."""
+    graph_module = program.exported_program().graph_module
+    blobs = [m.processed_bytes for m in graph_module.children() if hasattr(m, "processed_bytes")]
+    return [ov.Core().import_model(io.BytesIO(blob), "CPU").get_runtime_model() for blob in blobs]
+
+
+def test_a_cache_written_along_its_positions_is_never_transposed_whole(
+    params: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The frontend writes ``index_put`` along the positions' axis by transposing the whole cache
+    twice; each write becomes a ``ScatterUpdate`` of its rows, at any length, and stays exact."""
+    decoder = load_decoder(params, max_context=BLOCK)
+    eager = copy.deepcopy(decoder.module)
+    with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.kv_cache"):
+        program = export_decoder(decoder)
+    assert any("4 variable(s) written along their axis" in r.getMessage() for r in caplog.records)
+    (model,) = _compiled_models(program)
+    kinds = {op.get_friendly_name(): op.get_rt_info()["layerType"].astype(str) for op in model.get_ordered_ops()}
+    assert "ScatterNDUpdate" not in kinds.values(), sorted(set(kinds.values()))
+    for op in model.get_ordered_ops():
+        if kinds[op.get_friendly_name()] == "Transpose":
+            source = op.input_value(0).get_node()
+            assert kinds[source.get_friendly_name()] != "MemoryInput", f"{op.get_friendly_name()} transposes a cache"
+    method = LoadedMethod(program.buffer)
+    draw = torch.Generator().manual_seed(1)
+    for position, length in [(0, 5), *((p, 1) for p in range(5, 12)), (0, 3), (3, 1), (BLOCK - 2, 2)]:
+        tokens = torch.randint(0, LLAMA["vocab_size"], (1, length), generator=draw)
+        with torch.no_grad():
+            want = eager(tokens, torch.tensor([position]))
+        got = method([tokens, torch.tensor([position])])[0]
+        want = want.reshape(-1, want.shape[-1])[-1]
+        got = got.reshape(-1, got.shape[-1])[-1]
+        tolerance = Tolerance.for_output(torch.float32, terms=LLAMA["dim"], scale=want.abs().max().item(), ops=8)
+        assert tolerance.check(got, want), (position, length, (got - want).abs().max().item(), tolerance)

@@ -7,9 +7,13 @@ at that length (``state.py``), every call moves the whole cache (the variable
 is copied as it is assigned) and attends over all of it, however few positions
 hold tokens: decode at a context of 2048 cost twice decode at 128.
 
-``grow_caches`` rewrites each cache that is written along one axis and read
-only by attention (through views: unsqueeze, broadcast, reshape, transpose,
-convert), as its key or value, with an additive mask:
+The frontend writes ``index_put`` along an axis other than the first by
+transposing the whole cache, scattering whole slices and transposing back:
+``grow_caches`` first makes each such write a ``ScatterUpdate`` along the axis,
+which moves only the rows written. Then it rewrites each cache longer than one
+block that is written along one axis and read only by attention (through
+views: unsqueeze, broadcast, reshape, transpose, convert), as its key or
+value, with an additive mask:
 
 * the variable starts empty and holds the positions ``[0, L)`` written so far;
   a call appends, from the cache's exported value, the positions it writes
@@ -64,6 +68,7 @@ def grow_caches(model: ov.Model) -> int:
     """Rewrite the caches of ``model`` (in place) as the module says; the number of attentions rewritten."""
     sinks = {sink.get_variable_id(): sink for sink in model.get_sinks() if sink.get_type_name() == "Assign"}
     _freeze_static_shapes(model)
+    _write_in_place_order(model, sinks)
     caches = [
         cache
         for read in model.get_ordered_ops()
@@ -88,6 +93,30 @@ def grow_caches(model: ov.Model) -> int:
         model.validate_nodes_and_infer_types()
         logger.debug("%d attentions read their KV cache as far as their mask reaches", rewritten)
     return rewritten
+
+
+def _write_in_place_order(model: ov.Model, sinks: dict[str, ov.Node]) -> None:
+    """Each variable written as the frontend writes ``index_put`` along an axis other than the first
+    (the whole variable transposed to bring the axis first, whole slices scattered, transposed back)
+    is written along that axis in place: a ``ScatterUpdate`` of the same rows, which moves only
+    them. Two transposes of the whole cache on every call, whatever its length, are gone."""
+    rewritten = 0
+    for read in model.get_ordered_ops():
+        readers = list(read.output(0).get_target_inputs()) if read.get_type_name() == "ReadValue" else []
+        sink = sinks.get(read.get_variable_id()) if readers else None
+        if sink is None or len(readers) != 1 or readers[0].get_index() != 0:
+            continue
+        cache = _transposed_scatter(read, sink, readers[0].get_node())
+        if cache is None:
+            continue
+        axis = opset.constant(np.array(cache.axis, dtype=np.int64))
+        written = opset3.scatter_update(read.output(0), cache.indices, cache.updates, axis)
+        for reader in list(cache.written.get_target_inputs()):
+            reader.replace_source_output(written.output(0))
+        rewritten += 1
+    if rewritten:
+        model.validate_nodes_and_infer_types()
+        logger.debug("%d variable(s) written along their axis in place of a transposed scatter", rewritten)
 
 
 def _freeze_static_shapes(model: ov.Model) -> None:
