@@ -340,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("nncf").setLevel(logging.ERROR)  # its own handler prints each compression's table
 
     names = ["copies", "robot-policy"] if args.quick else [name for name in MODELS if name != LARGE_MODEL]
     reps, iterations = (3, 20) if args.quick else (7, 100)
