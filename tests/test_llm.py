@@ -110,6 +110,22 @@ def test_export_and_generate_from_the_command_line(tmp_path: Path, llama_params:
     assert len(out.split()) == 6 and "3 prompt tokens" in err
 
 
+@pytest.mark.slow
+def test_compressing_from_the_command_line_prints_only_its_own_lines(
+    tmp_path: Path, llama_params: Path, capsys
+) -> None:
+    """NNCF logs a table and a progress bar per compression on stdout, and resets its level when
+    imported: without --debug none of it reaches the command's output."""
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    program = tmp_path / "tiny.pte"
+    argv = ["export-llm", str(llama_params), "-o", str(program), "--max-seq-len", str(CONTEXT), "--weights", "int8"]
+    assert main(argv) == EXIT_OK
+    out = capsys.readouterr().out
+    assert program.exists()
+    assert out.splitlines()[0].startswith("model: ") and "weights int8" in out, out
+    assert not any(word in out for word in ("bitwidth", "Weight compression", "Applying")), out
+
+
 def test_bad_model_sources_are_refused_by_name(tmp_path: Path, capsys) -> None:
     with pytest.raises(ModelSourceError, match=r"expected a params\.json"):
         load_decoder(tmp_path)

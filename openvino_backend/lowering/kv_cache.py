@@ -68,7 +68,7 @@ def grow_caches(model: ov.Model) -> int:
     """Rewrite the caches of ``model`` (in place) as the module says; the number of attentions rewritten."""
     sinks = {sink.get_variable_id(): sink for sink in model.get_sinks() if sink.get_type_name() == "Assign"}
     _freeze_static_shapes(model)
-    _write_in_place_order(model, sinks)
+    _scatter_along_axis(model, sinks)
     caches = [
         cache
         for read in model.get_ordered_ops()
@@ -95,7 +95,7 @@ def grow_caches(model: ov.Model) -> int:
     return rewritten
 
 
-def _write_in_place_order(model: ov.Model, sinks: dict[str, ov.Node]) -> None:
+def _scatter_along_axis(model: ov.Model, sinks: dict[str, ov.Node]) -> None:
     """Each variable written as the frontend writes ``index_put`` along an axis other than the first
     (the whole variable transposed to bring the axis first, whole slices scattered, transposed back)
     is written along that axis in place: a ``ScatterUpdate`` of the same rows, which moves only

@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--group_size",
         type=int,
         default=128,
-        help="with int4: weights per scale (default 128; a layer too narrow for it takes smaller groups)",
+        help="with int4: weights per scale (default 128; a layer whose width is no multiple of it takes smaller "
+        "groups)",
     )
     llm.add_argument("--debug", action="store_true", help="tracebacks and library logs")
 

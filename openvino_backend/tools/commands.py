@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import logging
 import sys
 import traceback
 from pathlib import Path
@@ -198,10 +198,9 @@ def probe_command(args: argparse.Namespace) -> int:
 def export_llm(args: argparse.Namespace) -> int:
     from openvino_backend.llm.export import CompressionError, export_decoder
     from openvino_backend.llm.models import ModelSourceError, load_decoder
+    from openvino_backend.tools.quiet import nncf_off_stdout
 
     weights = {"8w": "int8", "4w": "int4"}.get(args.qlinear, args.weights)
-    if not args.debug:  # NNCF reports each compression with a table and a progress bar on stdout
-        logging.getLogger("nncf").setLevel(logging.ERROR)
     if args.qlinear is not None and args.weights not in ("f32", weights):
         raise UsageError(f"--qlinear {args.qlinear} and --weights {args.weights} disagree")
     try:
@@ -217,14 +216,15 @@ def export_llm(args: argparse.Namespace) -> int:
         tokenizer = get_tokenizer(str(decoder.tokenizer))
         calibration = [list(tokenizer.encode(text, bos=True, eos=False)) for text in args.calibration_prompt]
     try:
-        program = export_decoder(
-            decoder,
-            dynamic=not args.disable_dynamic_shapes,
-            weights=weights,
-            calibration=calibration,
-            ratio=args.ratio,
-            group_size=args.group_size,
-        )
+        with contextlib.nullcontext() if args.debug else nncf_off_stdout():
+            program = export_decoder(
+                decoder,
+                dynamic=not args.disable_dynamic_shapes,
+                weights=weights,
+                calibration=calibration,
+                ratio=args.ratio,
+                group_size=args.group_size,
+            )
     except CompressionError as error:
         raise UsageError(str(error)) from error
     except OpenvinoExportError as error:

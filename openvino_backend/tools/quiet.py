@@ -14,10 +14,12 @@ which libraries write their warnings and logs to, stays on the null device.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import TextIO
 
 _terminal_stderr: TextIO | None = None
@@ -43,3 +45,19 @@ def silence_libraries() -> None:
     sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     warnings.filterwarnings("ignore")
     logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+
+
+@contextlib.contextmanager
+def nncf_off_stdout() -> Iterator[None]:
+    """Inside, NNCF's compression reports stay off stdout: a table per compression, logged at INFO
+    through NNCF's own handler on stdout (NNCF sets its logger's level when imported, so it is
+    imported first), and a progress bar, which ``rich`` draws on whatever ``sys.stdout`` is (sent
+    to ``sys.stderr`` meanwhile)."""
+    try:
+        import nncf
+    except ImportError:
+        pass  # compressing will say that NNCF is missing
+    else:
+        nncf.set_log_level(logging.ERROR)
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
