@@ -124,6 +124,10 @@ def test_compressing_from_the_command_line_prints_only_its_own_lines(
     assert program.exists()
     assert out.splitlines()[0].startswith("model: ") and "weights int8" in out, out
     assert not any(word in out for word in ("bitwidth", "Weight compression", "Applying")), out
+    argv[-1:] = ["int4", "--ratio", "0.5", "--group-size", "32"]
+    assert main(argv) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "weights int4, groups of 32, 50% of the layers, the rest int8)" in out.splitlines()[0], out
 
 
 def test_bad_model_sources_are_refused_by_name(tmp_path: Path, capsys) -> None:

@@ -231,6 +231,10 @@ def export_llm(args: argparse.Namespace) -> int:
         print(f"model: {decoder.name}\n  export refused:\n    " + str(error).replace("\n", "\n    "))
         return EXIT_REFUSED
     _write(args.output, program.buffer)
+    if weights == "int4":
+        weights += f", groups of {args.group_size}"
+        if args.ratio < 1:
+            weights += f", {args.ratio:.0%} of the layers, the rest int8"
     print(f"model: {decoder.name} (vocabulary {decoder.vocab_size}, context {decoder.max_context}, weights {weights})")
     print(f"  wrote {args.output} ({len(program.buffer):,} bytes)")
     if decoder.tokenizer is not None:
