@@ -35,6 +35,7 @@ def _lowered(params: dict, context: int, weights: str) -> bytes:
     from executorch.exir.backend.compile_spec_schema import CompileSpec
 
     from openvino_backend.llm.models import load_decoder  # torch only: no backend of ours is defined
+    from openvino_backend.program import to_executorch  # neither: how the program is written
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "params.json"
@@ -61,7 +62,7 @@ def _lowered(params: dict, context: int, weights: str) -> bytes:
     # NNCF unpacks 4-bit weights with a shift outside core ATen (as export_decoder allows it too).
     config = EdgeCompileConfig(_core_aten_ops_exception_list=[torch.ops.aten.bitwise_right_shift.Tensor_Scalar])
     lowered = to_edge_transform_and_lower(exported, partitioner=[partitioner], compile_config=config)
-    return lowered.to_executorch().buffer
+    return to_executorch(lowered).buffer  # its blob reads its constants after import too
 
 
 def main() -> int:

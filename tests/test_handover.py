@@ -15,6 +15,7 @@ import openvino_backend.partition.numerical as numerical
 from openvino_backend.diagnostics import PassthroughOutputError
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.partition.state import ExportState
+from openvino_backend.program import to_executorch
 from openvino_backend.tools.verify import delegate_ids, runtime
 from tests.harness import execute_layer_test
 from tests.test_validate import CopyThenSin, _line_of
@@ -112,7 +113,7 @@ def test_methods_with_the_same_graph_keep_their_own_weights(monkeypatch: pytest.
     modules = {"first": Affine(0).eval(), "second": Affine(1).eval()}
     x = torch.randn(2, 8)
     exported = {name: torch.export.export(module, (x,)) for name, module in modules.items()}
-    buffer = to_edge_transform_and_lower(exported, partitioner=[OpenvinoPartitioner()]).to_executorch().buffer
+    buffer = to_executorch(to_edge_transform_and_lower(exported, partitioner=[OpenvinoPartitioner()])).buffer
     program = runtime().load_program(buffer)  # must outlive its methods
     for name, module in modules.items():
         (got,) = program.load_method(name).execute([x])

@@ -8,6 +8,7 @@ from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.program import to_executorch
 from openvino_backend.runtime import Tolerance
 from openvino_backend.tools.verify import LoadedMethod
 
@@ -39,7 +40,7 @@ def _lower(module: torch.nn.Module, partitioner: OpenvinoPartitioner):
     # A buffer left with ExecuTorch starts from its value at export only with this pass; in OpenVINO
     # state it always does.
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(["total"])])
-    return edge, edge.to_executorch(config)
+    return edge, to_executorch(edge, config)
 
 
 def _run_calls(module: torch.nn.Module, program, calls: int = 4) -> None:

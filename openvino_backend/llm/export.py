@@ -21,6 +21,7 @@ from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager, to_edge
 
 from openvino_backend.llm.models import Decoder
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.program import to_executorch, writing_inline
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +114,13 @@ def lower_graph(
     """An ``export_graph`` result lowered by this backend, with the constant methods LLM runners read."""
     # The numerical check runs on a real prompt at position 0 (drawn positions could be negative).
     partitioner = partitioner or OpenvinoPartitioner(sample_inputs=example_inputs(decoder, 3 if dynamic else 1))
-    edge = to_edge_transform_and_lower(
-        exported,
-        partitioner=[partitioner],
-        compile_config=EdgeCompileConfig(_core_aten_ops_exception_list=list(_UNPACKING_OPS)),
-        constant_methods=metadata(decoder, dynamic),
-    )
+    with writing_inline():
+        edge = to_edge_transform_and_lower(
+            exported,
+            partitioner=[partitioner],
+            compile_config=EdgeCompileConfig(_core_aten_ops_exception_list=list(_UNPACKING_OPS)),
+            constant_methods=metadata(decoder, dynamic),
+        )
     report = partitioner.report
     logger.info(
         "%s: %d of %d ops in OpenVINO, %d buffer(s) kept as OpenVINO state",
@@ -127,7 +129,7 @@ def lower_graph(
         report.total_nodes,
         len(report.state_buffers),
     )
-    return edge.to_executorch()
+    return to_executorch(edge)
 
 
 def compress_weights(

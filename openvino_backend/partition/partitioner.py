@@ -34,6 +34,7 @@ from openvino_backend.partition.state import ExportState
 from openvino_backend.partition.support import OpenvinoOperatorSupport
 from openvino_backend.partition.view import Rule
 from openvino_backend.partition.whole_program import ensure_device, ensure_fusable, ensure_pads_delegated
+from openvino_backend.program import warn_about_layout
 from openvino_backend.runtime import inference_precision, precision_name, unbindable, warn_if_reduced
 from openvino_backend.timing import timed
 from openvino_backend.transform.dynamic import pad_dynamic_outputs
@@ -156,6 +157,7 @@ class OpenvinoPartitioner(Partitioner):
     @timed("partition")
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         share_backend_name(OpenvinoBackend, PARTITION_KEY)
+        warn_about_layout()
         self._export.restore_weights(exported_program)
         try:
             proposal = self.propose(exported_program)

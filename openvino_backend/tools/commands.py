@@ -15,6 +15,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from openvino_backend.compile_spec import PRECISION_KEY
 from openvino_backend.diagnostics import OpenvinoExportError
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.program import write_program
 from openvino_backend.tools import render
 from openvino_backend.tools.loader import (
     DynamicDim,
@@ -161,7 +162,10 @@ def _numbered(path: Path, name: str) -> Path:
 
 def _write(path: Path, buffer: bytes) -> None:
     try:
-        path.write_bytes(buffer)
+        if path.suffix == ".pte":
+            write_program(buffer, path)  # refuses a blob the runtime would free under OpenVINO
+        else:
+            path.write_bytes(buffer)
     except OSError as error:
         raise UsageError(f"cannot write {path}: {error.strerror}") from error
 

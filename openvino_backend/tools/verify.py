@@ -8,9 +8,11 @@ path, never a mock of it.
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager, to_edge_transform_and_lower
@@ -19,6 +21,7 @@ from executorch.exir.backend.partitioner import Partitioner
 from executorch.runtime import Runtime
 
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.program import check_program, to_executorch, writing_inline
 from openvino_backend.runtime import Tolerance
 
 
@@ -43,8 +46,9 @@ def lower_exported(
     partitioner: Partitioner,
     compile_config: EdgeCompileConfig | None = None,
 ) -> ExecutorchProgramManager:
-    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner], compile_config=compile_config)
-    return edge.to_executorch()
+    with writing_inline():
+        edge = to_edge_transform_and_lower(exported, partitioner=[partitioner], compile_config=compile_config)
+    return to_executorch(edge)
 
 
 @lru_cache(maxsize=1)
@@ -54,10 +58,20 @@ def runtime() -> Runtime:
 
 class LoadedMethod:
     """A method of a serialized program, loaded once on the ExecuTorch runtime and run as often as
-    needed: what it keeps between calls (a KV cache in OpenVINO state) lives as long as this object."""
+    needed: what it keeps between calls (a KV cache in OpenVINO state) lives as long as this object.
 
-    def __init__(self, buffer: bytes, method: str = "forward") -> None:
-        self._program = runtime().load_program(buffer)  # must outlive its method: it owns the method's plan
+    The program is loaded from a file, memory-mapped, as deployments load it (ExecuTorch's
+    ``Module``, its LLM runners): bytes are written to a temporary file first. A program whose
+    OpenVINO blobs the runtime would free under OpenVINO is refused (``ProgramLayoutError``).
+    """
+
+    def __init__(self, program: bytes | Path, method: str = "forward") -> None:
+        if isinstance(program, bytes):
+            self._program = _load_from_file(program)
+        else:
+            with open(program, "rb") as file:
+                check_program(file.read(), str(program))
+            self._program = runtime().load_program(Path(program))  # must outlive its method
         self._method = self._program.load_method(method)
         if self._method is None:
             raise ValueError(f"the program has no method {method!r}")
@@ -71,6 +85,15 @@ class LoadedMethod:
             return None
         values = self._program.load_method(name).execute([])
         return values[0] if len(values) == 1 else list(values)
+
+
+def _load_from_file(buffer: bytes) -> object:
+    check_program(buffer)
+    with tempfile.TemporaryDirectory(prefix="openvino-backend-") as directory:
+        path = Path(directory) / "program.pte"
+        path.write_bytes(buffer)
+        # The runtime maps the file; the mapping outlives the name.
+        return runtime().load_program(path)
 
 
 def run_program(buffer: bytes, inputs: Sequence[torch.Tensor], method: str = "forward") -> list[torch.Tensor]:
