@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -34,8 +35,8 @@ class Generation:
 class Generator:
     """One loaded program (its KV cache lives as long as this object): prefill, then decode."""
 
-    def __init__(self, buffer: bytes) -> None:
-        self.method = LoadedMethod(buffer)
+    def __init__(self, program: bytes | Path) -> None:
+        self.method = LoadedMethod(program)
         self.max_context = int(self.method.constant("get_max_seq_len") or 0)
         self.dynamic = bool(self.method.constant("enable_dynamic_shape"))
         self.vocab_size = int(self.method.constant("get_vocab_size") or 0)

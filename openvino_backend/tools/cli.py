@@ -156,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokenizer.json or tokenizer.model (default: the one export-llm wrote beside the program)",
     )
     gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument(
+        "--runner",
+        choices=("python", "executorch"),
+        default="python",
+        help="python: this package's loop on executorch.runtime (default); executorch: ExecuTorch's C++ "
+        "TextLLMRunner, the code its apps embed (needs --prompt and a tokenizer)",
+    )
     gen.add_argument("--debug", action="store_true", help="tracebacks and library logs")
 
     probe_cmd = commands.add_parser("probe", help="does the installed OpenVINO return stale outputs? (no ExecuTorch)")

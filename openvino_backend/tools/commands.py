@@ -265,6 +265,8 @@ def generate(args: argparse.Namespace) -> int:
         from pytorch_tokenizers import get_tokenizer
 
         tokenizer = get_tokenizer(str(path))
+    if args.runner == "executorch":
+        return _generate_with_executorch_runner(args, path)
     if args.prompt is not None:
         if tokenizer is None:
             raise UsageError("--prompt needs a tokenizer (--tokenizer), or give --prompt-ids")
@@ -272,7 +274,7 @@ def generate(args: argparse.Namespace) -> int:
     else:
         ids = _parse_sizes(args.prompt_ids, "--prompt-ids")
     try:
-        generator = Generator(args.program.read_bytes())
+        generator = Generator(args.program)  # from its path, memory-mapped, as deployments load it
     except OSError as error:
         raise UsageError(f"cannot read {args.program}: {error.strerror}") from error
     outside = [i for i in ids if not 0 <= i < generator.vocab_size]
@@ -284,6 +286,23 @@ def generate(args: argparse.Namespace) -> int:
     print(
         f"[{len(run.prompt)} prompt tokens in {run.prefill_ms:.1f} ms; {len(run.tokens)} new tokens, "
         f"{run.ms_per_token:.2f} ms per token]",
+        file=stderr(),
+    )
+    return EXIT_OK
+
+
+def _generate_with_executorch_runner(args: argparse.Namespace, tokenizer: Path | None) -> int:
+    from openvino_backend.llm.runner import ExecutorchRunner
+
+    if args.prompt is None:
+        raise UsageError("--runner executorch takes a text --prompt (ExecuTorch's runner encodes it itself)")
+    if tokenizer is None:
+        raise UsageError("--runner executorch needs the model's tokenizer (--tokenizer)")
+    run = ExecutorchRunner(args.program, tokenizer).generate(args.prompt, args.max_new_tokens)
+    print(run.text)
+    print(
+        f"[ExecuTorch TextLLMRunner: {run.prompt_tokens} prompt tokens in {run.prefill_ms:.0f} ms; "
+        f"{len(run.pieces)} new tokens, {run.ms_per_token:.2f} ms per token]",
         file=stderr(),
     )
     return EXIT_OK
