@@ -229,3 +229,31 @@ def test_avg_pool_window_larger_than_the_input_runs_in_openvino(pool, x) -> None
     # kernel, so it reaches OpenVINO clamped to the padded input, with PyTorch's divisor.
     program = execute_layer_test(pool, (x,))
     assert not non_delegated_ops(program)
+
+
+class ReshapeRoundTripBesideItsExpand(torch.nn.Module):
+    def forward(self, x):
+        r = x.reshape(-1).reshape(x.shape)
+        y = torch.relu(torch.cat([r]))
+        return r, r.expand(r.shape), y
+
+
+def test_a_same_shape_expand_beside_its_source_as_outputs_converts() -> None:
+    # Held-out identity fuzzing: dropping the same-shape expand made two Results name one tensor,
+    # which OpenVINO's frontend refuses ("could not convert this partition") after the partitioner
+    # had accepted the partition. The expand stays when it and its source both leave the partition.
+    execute_layer_test(ReshapeRoundTripBesideItsExpand(), (torch.randn(2, 3, 4),), expected_partitions=None)
+
+
+class DetachOfChannelsLastProduct(torch.nn.Module):
+    def forward(self, x, y):
+        p = x.contiguous(memory_format=torch.channels_last) * y
+        return p, torch.relu(p), p.detach()
+
+
+def test_detach_of_a_channels_last_tensor_runs() -> None:
+    # Held-out identity fuzzing: the detach became an alias_copy whose result is contiguous while
+    # its input is channels-last; ExecuTorch's CPU kernel refuses that pair (CpuKernelError at
+    # export). As a clone it keeps eager's layout and runs.
+    x, y = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
+    execute_layer_test(DetachOfChannelsLastProduct(), (x, y), expected_partitions=None)

@@ -39,6 +39,7 @@ from openvino_backend.runtime import inference_precision, precision_name, unbind
 from openvino_backend.timing import timed
 from openvino_backend.transform.dynamic import pad_dynamic_outputs
 from openvino_backend.transform.fold import fold_constant_subgraphs
+from openvino_backend.transform.layout_copies import layout_keeping_aliases_as_clones
 
 logger = logging.getLogger(__name__)
 
@@ -140,8 +141,10 @@ class OpenvinoPartitioner(Partitioner):
 
     @timed("pre_decomposition")
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
-        """Fold constant subgraphs (``transform/fold.py``) and route dynamic outputs through
-        ``pad_to_bound`` (``transform/dynamic.py``); a new program if either changes anything."""
+        """Aliases of tensors laid out otherwise as clones (``transform/layout_copies.py``), fold
+        constant subgraphs (``transform/fold.py``) and route dynamic outputs through ``pad_to_bound``
+        (``transform/dynamic.py``); a new program if any changes anything."""
+        exported_program = layout_keeping_aliases_as_clones(exported_program)
         if self.fold_constants:
             exported_program = fold_constant_subgraphs(exported_program)
         if self.pad_dynamic_outputs:

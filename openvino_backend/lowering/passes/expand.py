@@ -22,7 +22,9 @@ class DropSameShapeExpandPass(ExportPass):
     Values in OpenVINO are never written in place, so inside a partition a copy
     means nothing. An expand of a partition input stays: without it a Result
     could come straight from a Parameter, which the export-time checks keep
-    out of OpenVINO.
+    out of OpenVINO. So does an expand that leaves the partition beside its
+    source: without it two Results would name one tensor, which OpenVINO's
+    frontend refuses.
     """
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
@@ -31,6 +33,8 @@ class DropSameShapeExpandPass(ExportPass):
             source = node.args[0]
             if not isinstance(source, torch.fx.Node) or source.op == "placeholder":
                 continue
+            if _is_output(node) and _is_output(source):
+                continue
             before, after = source.meta.get("val"), node.meta.get("val")
             if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
                 continue
@@ -38,3 +42,7 @@ class DropSameShapeExpandPass(ExportPass):
                 node.replace_all_uses_with(source)
                 modified = True
         return rewritten(graph_module, modified)
+
+
+def _is_output(node: torch.fx.Node) -> bool:
+    return any(user.op == "output" for user in node.users)
