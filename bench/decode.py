@@ -44,8 +44,7 @@ def measure_file(path: str, prompt: Sequence[int], one_call_prefill: bool, steps
     """Prefill and decode a ``.pte`` read from ``path``: prefill ms (the prompt in one call, or a
     token per call; the second prefill, over the first), median decode ms, and the peak resident
     memory of this process in MB."""
-    # From bytes: a program loaded from a path crashed the runtime (segfault) on its first call here.
-    program = Runtime.get().load_program(Path(path).read_bytes())  # held while its method runs
+    program = Runtime.get().load_program(Path(path))  # from its file, as deployments; held while it runs
     method = program.load_method("forward")
     _prefill(method, prompt, one_call_prefill)  # the first call at a shape pays OpenVINO's set-up
     logits, prefill_ms = _prefill(method, prompt, one_call_prefill)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.tiny_llm import write_tiny_llama
 from openvino_backend.llm.export import export_decoder
 from openvino_backend.llm.generate import Generator
 from openvino_backend.llm.models import load_decoder
@@ -17,41 +18,13 @@ from openvino_backend.tools.results import EXIT_OK
 transformers = pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
 tokenizers = pytest.importorskip("tokenizers", reason="the test's tokenizer is trained with tokenizers")
 
-PROMPTS = ("once upon a time", "the little robot liked the sea")
+PROMPTS = ("once upon a time", "the little robot liked the sea")  # in the tokenizer's text
 NEW_TOKENS = 10
-
-
-def write_tiny_llama(directory: Path) -> Path:
-    """A 2-layer Llama with random weights and a byte-level BPE tokenizer whose every token is ASCII
-    (so each token's text stands on its own, as the runner's callback hands it over)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c.isascii() and c.isprintable()] + ["Ġ"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=alphabet, limit_alphabet=len(alphabet)
-    )
-    tokenizer.train_from_iterator([" ".join(PROMPTS) + " who read books about a boat"] * 20, trainer)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=tokenizer.get_vocab_size(),
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-    ).save_pretrained(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))  # context 64
 
 
 def _python_tokens(program: Path, tokenizer_path: Path, prompt: str) -> list[str]:
