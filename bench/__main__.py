@@ -89,7 +89,7 @@ def _max_error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> floa
 
 class PteRunner:
     def __init__(self, path: Path, inputs: tuple[torch.Tensor, ...]) -> None:
-        self.method = LoadedMethod(path.read_bytes())
+        self.method = LoadedMethod(path)
         self.inputs = list(inputs)
 
     def __call__(self) -> list[torch.Tensor]:
