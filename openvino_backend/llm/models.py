@@ -149,20 +149,19 @@ def _load_checkpoint(transformer: torch.nn.Module, checkpoint: Path) -> None:
 
 def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
     try:
-        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+        from transformers import GenerationConfig
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
     except ImportError as error:
         raise ModelSourceError(
             "a Hugging Face model needs transformers: pip install 'openvino-backend[llm]'"
         ) from error
-    config = AutoConfig.from_pretrained(directory)
-    if any((directory / name).exists() for name in HF_WEIGHTS):
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa")
-    else:
-        logger.warning("%s has no weights: the model gets random ones, from its config.json", directory)
-        with torch.random.fork_rng():
-            torch.manual_seed(0)  # the same on every export
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    config = _decoder_config(directory)
+    model = _causal_lm(directory, config)
+    if model._can_set_experts_implementation():
+        # Mixture of experts: the default routing counts tokens per expert with histc (no core ATen
+        # op) and loops over the experts hit (data-dependent shapes); batched_mm gathers each token's
+        # experts and multiplies them in one batched matmul: the same result, static shapes.
+        model.set_experts_implementation("batched_mm")
     model = model.to(torch.float32).eval()
     model.generation_config = GenerationConfig(
         use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": max_context}
@@ -180,6 +179,60 @@ def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
         bos_id=text.bos_token_id,
         eos_ids=[e for e in eos if e is not None],
     )
+
+
+def _decoder_config(directory: Path) -> object:
+    """The directory's config, if it describes a decoder-only language model; refused by name otherwise."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    try:
+        config = AutoConfig.from_pretrained(directory)
+    except (ValueError, OSError, KeyError) as error:  # transformers' verdicts on the config itself
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelSourceError(f"{directory / 'config.json'}: transformers cannot read it ({first})") from error
+    family = config.model_type
+    architectures = [a for a in (getattr(config, "architectures", None) or [])]
+    causal = any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in architectures)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelSourceError(
+            f"{directory}: an encoder-decoder model ({family}): export-llm exports decoder-only models; "
+            "export its encoder with `lower` (transformers' AutoModel), or use ExecuTorch's seq2seq recipes"
+        )
+    if family in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not causal:
+        raise ModelSourceError(
+            f"{directory}: an encoder-only model ({family}): export it with `lower` "
+            "(an embedding model: transformers' AutoModel, a dynamic sequence length)"
+        )
+    if family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelSourceError(f"{directory}: transformers has no causal language model for {family!r}")
+    return config
+
+
+def _causal_lm(directory: Path, config: object) -> torch.nn.Module:
+    """The model with its weights (random ones, seeded, without), in the first attention form it
+    takes: PyTorch's SDPA, else transformers' eager attention (Gemma2 takes only that)."""
+    from transformers import AutoModelForCausalLM
+
+    has_weights = any((directory / name).exists() for name in HF_WEIGHTS)
+    if not has_weights:
+        logger.warning("%s has no weights: the model gets random ones, from its config.json", directory)
+    refusals = []
+    for attention in ("sdpa", "eager"):
+        try:
+            if has_weights:
+                return AutoModelForCausalLM.from_pretrained(
+                    directory, dtype=torch.float32, attn_implementation=attention
+                )
+            with torch.random.fork_rng():
+                torch.manual_seed(0)  # the same on every export
+                return AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+        except ValueError as error:  # "does not support an attention implementation through ..."
+            refusals.append(f"{attention}: {str(error).splitlines()[0]}")
+    raise ModelSourceError(f"{directory}: no attention form of {config.model_type} loads ({'; '.join(refusals)})")
 
 
 def _tokenizer_in(directory: Path) -> Path | None:

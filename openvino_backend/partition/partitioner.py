@@ -40,6 +40,7 @@ from openvino_backend.timing import timed
 from openvino_backend.transform.dynamic import pad_dynamic_outputs
 from openvino_backend.transform.fold import fold_constant_subgraphs
 from openvino_backend.transform.layout_copies import layout_keeping_aliases_as_clones
+from openvino_backend.transform.split import splits_as_slices
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +142,12 @@ class OpenvinoPartitioner(Partitioner):
 
     @timed("pre_decomposition")
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
-        """Aliases of tensors laid out otherwise as clones (``transform/layout_copies.py``), fold
+        """Aliases of tensors laid out otherwise as clones (``transform/layout_copies.py``),
+        splits of tensors with dynamic dims as slices (``transform/split.py``), fold
         constant subgraphs (``transform/fold.py``) and route dynamic outputs through ``pad_to_bound``
         (``transform/dynamic.py``); a new program if any changes anything."""
         exported_program = layout_keeping_aliases_as_clones(exported_program)
+        exported_program = splits_as_slices(exported_program)
         if self.fold_constants:
             exported_program = fold_constant_subgraphs(exported_program)
         if self.pad_dynamic_outputs:

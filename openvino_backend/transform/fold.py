@@ -16,7 +16,6 @@ twice).
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import torch
@@ -27,6 +26,7 @@ from executorch.exir.passes.constant_prop_pass import (
 from torch.export import ExportedProgram
 
 from openvino_backend.ops import not_folded
+from openvino_backend.transform import copied
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,7 @@ def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDE
         return program
     if not found:
         return program
-    program = program._update(
-        copy.deepcopy(program.graph_module),
-        copy.deepcopy(program.graph_signature),
-        state_dict=dict(program.state_dict),
-        constants=dict(program.constants),
-    )
+    program = copied(program)
     # The same nodes in the copy (names survive deepcopy), in the same order: computed once.
     by_name = {node.name: node for node in program.graph.nodes}
     folded = {by_name[node.name]: value for node, value in found.items()}

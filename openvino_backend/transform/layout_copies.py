@@ -12,11 +12,12 @@ has the same values and layout.
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import torch
 from torch.export import ExportedProgram
+
+from openvino_backend.transform import copied
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +29,7 @@ def layout_keeping_aliases_as_clones(program: ExportedProgram) -> ExportedProgra
     (``program`` itself when it has none)."""
     if not any(_rewritable(node) for node in program.graph.nodes):
         return program
-    program = program._update(
-        copy.deepcopy(program.graph_module),
-        copy.deepcopy(program.graph_signature),
-        state_dict=dict(program.state_dict),
-        constants=dict(program.constants),
-    )
+    program = copied(program)
     rewritten = []
     for node in [n for n in program.graph.nodes if _rewritable(n)]:
         node.target = torch.ops.aten.clone.default
