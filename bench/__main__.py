@@ -341,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only programs as deployments run them: 1,000 calls from a file, ExecuTorch's C++ LLM runner",
     )
+    parser.add_argument(
+        "--families", action="store_true", help="only every causal-LM family of transformers through export-llm"
+    )
     parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
     parser.add_argument("--no-int8", action="store_true", help="--peers: f32 only")
     args = parser.parse_args(argv)
@@ -363,6 +366,15 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(rows, headers=PEER_HEADERS))
         print("\n" + "\n".join(summary))
         print(call_cost_line(call_cost_ms()))
+        return 0
+    if args.families:
+        from bench.families import CONTEXT, sweep
+
+        rows = sweep()
+        print(f"\nEvery causal-LM family of transformers, 2 layers, hidden 64, context {CONTEXT}, random weights")
+        print(tabulate([[r["family"], r["status"], r["detail"]] for r in rows], headers=("family", "status", "why")))
+        counts = {status: sum(r["status"] == status for r in rows) for status in ("follows eager", "refused", "fails")}
+        print("\n" + ", ".join(f"{count} {status}" for status, count in counts.items()))
         return 0
     if args.deploy:
         from bench.deploy import CALLS, LONG_RUN_HEADERS, RUNNER_HEADERS, SIZE, bench_deploy

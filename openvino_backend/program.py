@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,16 +100,19 @@ def segmented_delegates(buffer: bytes) -> tuple[int, ...]:
     """Indices (in the first plan that has any) of the OpenVINO delegates whose blob is in a segment."""
     if len(buffer) < 8 or buffer[4:6] != b"ET":
         raise ValueError("not an ExecuTorch program (no 'ET' file identifier)")
-    program = flatbuffers.table.Table(buffer, _root(buffer))
     found: list[int] = []
     index = 0
-    for plan in _vector(program, 1):  # Program.execution_plan
-        for delegate in _vector(plan, 7):  # ExecutionPlan.delegates
-            if _string(delegate, 0) == BACKEND_ID:  # BackendDelegate.id
-                processed = _child(delegate, 1)  # BackendDelegate.processed
-                if processed is not None and _byte(processed, 0) == 1:  # location == SEGMENT
-                    found.append(index)
-            index += 1
+    try:
+        program = flatbuffers.table.Table(buffer, _root(buffer))
+        for plan in _vector(program, 1):  # Program.execution_plan
+            for delegate in _vector(plan, 7):  # ExecutionPlan.delegates
+                if _string(delegate, 0) == BACKEND_ID:  # BackendDelegate.id
+                    processed = _child(delegate, 1)  # BackendDelegate.processed
+                    if processed is not None and _byte(processed, 0) == 1:  # location == SEGMENT
+                        found.append(index)
+                index += 1
+    except (struct.error, IndexError, UnicodeDecodeError) as error:
+        raise ValueError(f"not a complete ExecuTorch program ({len(buffer):,} bytes; {error})") from error
     return tuple(found)
 
 

@@ -18,8 +18,10 @@ from typing import Literal
 
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager, to_edge_transform_and_lower
+from torch._export.verifier import SpecViolationError
 
-from openvino_backend.llm.models import Decoder
+from openvino_backend.diagnostics import OpenvinoExportError
+from openvino_backend.llm.models import Decoder, UnsupportedDecoderError
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.program import to_executorch, writing_inline
 
@@ -95,7 +97,10 @@ def export_graph(
     inputs = example_inputs(decoder, 3 if dynamic else 1)
     shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None) if dynamic else None
     with torch.no_grad():
-        exported = torch.export.export(decoder.module, inputs, dynamic_shapes=shapes, strict=decoder.strict)
+        try:
+            exported = torch.export.export(decoder.module, inputs, dynamic_shapes=shapes, strict=decoder.strict)
+        except Exception as error:  # the model's code: data-dependent control flow, unsupported ops, ...
+            raise UnsupportedDecoderError(f"{decoder.name}: torch.export cannot export it ({_first(error)})") from error
         if weights != "f32":
             compressed = compress_weights(
                 exported.module(), weights, calibration, decoder, ratio=ratio, group_size=group_size
@@ -115,12 +120,19 @@ def lower_graph(
     # The numerical check runs on a real prompt at position 0 (drawn positions could be negative).
     partitioner = partitioner or OpenvinoPartitioner(sample_inputs=example_inputs(decoder, 3 if dynamic else 1))
     with writing_inline():
-        edge = to_edge_transform_and_lower(
-            exported,
-            partitioner=[partitioner],
-            compile_config=EdgeCompileConfig(_core_aten_ops_exception_list=list(_UNPACKING_OPS)),
-            constant_methods=metadata(decoder, dynamic),
-        )
+        try:
+            edge = to_edge_transform_and_lower(
+                exported,
+                partitioner=[partitioner],
+                compile_config=EdgeCompileConfig(_core_aten_ops_exception_list=list(_UNPACKING_OPS)),
+                constant_methods=metadata(decoder, dynamic),
+            )
+        except OpenvinoExportError:
+            raise
+        except SpecViolationError as error:  # an op outside ExecuTorch's IR (core ATen)
+            raise UnsupportedDecoderError(f"{decoder.name}: ExecuTorch's IR refuses it ({_first(error)})") from error
+        except Exception as error:  # ExecuTorch's edge dialect re-traces the graph, and may fail doing so
+            raise UnsupportedDecoderError(f"{decoder.name}: ExecuTorch cannot lower it ({_first(error)})") from error
     report = partitioner.report
     logger.info(
         "%s: %d of %d ops in OpenVINO, %d buffer(s) kept as OpenVINO state",
@@ -130,6 +142,11 @@ def lower_graph(
         len(report.state_buffers),
     )
     return to_executorch(edge)
+
+
+def _first(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:300]}" if text else type(error).__name__
 
 
 def compress_weights(

@@ -25,6 +25,8 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     prefill_ms: float = 0.0
     decode_ms: list[float] = field(default_factory=list)
+    # Why generation ended: "the requested count", "an end-of-sequence token", "the end of the context".
+    stopped: str = "the requested count"
 
     @property
     def ms_per_token(self) -> float:
@@ -75,7 +77,11 @@ class Generator:
             run.tokens.append(token)
             if on_token is not None:
                 on_token(token)
-            if token in self.eos_ids or (self.max_context and self.position >= self.max_context):
+            if token in self.eos_ids:
+                run.stopped = "an end-of-sequence token"
+                break
+            if self.max_context and self.position >= self.max_context:
+                run.stopped = "the end of the context" if len(run.tokens) < max_new_tokens else run.stopped
                 break
             start = time.perf_counter()
             logits = self([token])

@@ -35,6 +35,11 @@ class ModelSourceError(ValueError):
     """What was given as a model is not one this recipe can build."""
 
 
+class UnsupportedDecoderError(ModelSourceError):
+    """A decoder this stack cannot export: torch.export or ExecuTorch's IR refuses it (the family and
+    the reason in the message)."""
+
+
 @dataclass
 class Decoder:
     """An exportable decoder and what a runner needs to know about it."""
@@ -156,17 +161,27 @@ def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
             "a Hugging Face model needs transformers: pip install 'openvino-backend[llm]'"
         ) from error
     config = _decoder_config(directory)
-    model = _causal_lm(directory, config)
-    if model._can_set_experts_implementation():
-        # Mixture of experts: the default routing counts tokens per expert with histc (no core ATen
-        # op) and loops over the experts hit (data-dependent shapes); batched_mm gathers each token's
-        # experts and multiplies them in one batched matmul: the same result, static shapes.
-        model.set_experts_implementation("batched_mm")
-    model = model.to(torch.float32).eval()
-    model.generation_config = GenerationConfig(
-        use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": max_context}
-    )
-    cached = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_context)
+    family = config.model_type
+    try:
+        model = _causal_lm(directory, config)
+        if model._can_set_experts_implementation():
+            # Mixture of experts: the default routing counts tokens per expert with histc (no core ATen
+            # op) and loops over the experts hit (data-dependent shapes); batched_mm gathers each token's
+            # experts and multiplies them in one batched matmul: the same result, static shapes.
+            model.set_experts_implementation("batched_mm")
+        model = model.to(torch.float32).eval()
+        model.generation_config = GenerationConfig(
+            use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": max_context}
+        )
+        cached = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_context)
+    except ModelSourceError:
+        raise
+    except Exception as error:  # transformers' own verdict on this family or this config
+        text = str(error).strip()
+        reason = f"{type(error).__name__}: {text.splitlines()[0][:300]}" if text else type(error).__name__
+        raise UnsupportedDecoderError(
+            f"{family}: transformers cannot build it with a static KV cache, which the export needs ({reason})"
+        ) from error
     text = config.get_text_config()
     eos = text.eos_token_id if isinstance(text.eos_token_id, list) else [text.eos_token_id]
     return Decoder(

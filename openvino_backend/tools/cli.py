@@ -1,8 +1,9 @@
 """``python -m openvino_backend``: verify, lower and probe from the command line.
 
 Exit codes: 0 success (all outputs match / no bug), 1 mismatch (or, for
-``probe``, the OpenVINO bug is present), 2 export refused, 3 bad usage or an
-unreadable model.
+``probe``, the OpenVINO bug is present), 2 export refused, 3 bad usage, or a
+model, program or input the command refuses, 4 an internal error (rerun with
+``--debug`` for the traceback). Every failure prints one line saying why.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from openvino_backend.diagnostics import OpenvinoExportError
+from openvino_backend.llm.models import ModelSourceError
 from openvino_backend.runtime import PRECISIONS
 from openvino_backend.tools import commands
 from openvino_backend.tools.loader import (
     LoadError,
 )
 from openvino_backend.tools.quiet import stderr
-from openvino_backend.tools.results import EXIT_USAGE, UsageError
+from openvino_backend.tools.results import EXIT_INTERNAL, EXIT_REFUSED, EXIT_USAGE, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -185,11 +188,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "generate":
             return commands.generate(args)
         return commands.verify(args)
-    except (LoadError, UsageError) as error:
+    except (LoadError, UsageError, ModelSourceError) as error:
         if args.debug:
             traceback.print_exc()
         print(f"error: {error}", file=stderr())
         return EXIT_USAGE
+    except OpenvinoExportError as error:  # commands print their refusals; one that escaped them still says why
+        if args.debug:
+            traceback.print_exc()
+        print(f"export refused: {error}", file=stderr())
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print("interrupted", file=stderr())
+        return 130
+    except Exception as error:  # never exit in silence: stderr is the null device unless --debug
+        if args.debug:
+            traceback.print_exc()
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(
+            f"error: {args.command} failed: {type(error).__name__}{': ' + first if first else ''}\n"
+            f"  an internal error of openvino-backend or a library it calls: rerun with --debug for the traceback",
+            file=stderr(),
+        )
+        return EXIT_INTERNAL
 
 
 def _quiet_libraries(debug: bool) -> None:

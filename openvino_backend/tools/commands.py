@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -84,6 +85,7 @@ def _lower_one(
 def verify(args: argparse.Namespace) -> int:
     if args.draws < 1:
         raise UsageError("--draws must be at least 1")
+    check_output(args.output)
     generator = torch.Generator().manual_seed(args.seed)
     models = load(args.model, args.input_shape, args.dtype, generator)
     results = []
@@ -160,6 +162,19 @@ def _numbered(path: Path, name: str) -> Path:
     return path.with_name(f"{path.stem}-{safe}{path.suffix}")
 
 
+def check_output(path: Path | None) -> None:
+    """Refuse an output path that cannot be written, before any work: exporting can take minutes."""
+    if path is None:
+        return
+    parent = path.resolve().parent
+    if path.is_dir():
+        raise UsageError(f"-o {path}: a directory; give the file to write")
+    if not parent.is_dir():
+        raise UsageError(f"-o {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"-o {path}: cannot write into {parent}")
+
+
 def _write(path: Path, buffer: bytes) -> None:
     try:
         if path.suffix == ".pte":
@@ -171,6 +186,7 @@ def _write(path: Path, buffer: bytes) -> None:
 
 
 def lower(args: argparse.Namespace) -> int:
+    check_output(args.output)
     models = load(args.model, args.input_shape, args.dtype)
     result, buffer, _, _ = _lower_one(models[0], args)
     if buffer is None:
@@ -204,6 +220,7 @@ def export_llm(args: argparse.Namespace) -> int:
     from openvino_backend.llm.models import ModelSourceError, load_decoder
     from openvino_backend.tools.quiet import nncf_off_stdout
 
+    check_output(args.output)
     weights = {"8w": "int8", "4w": "int4"}.get(args.qlinear, args.weights)
     if args.qlinear is not None and args.weights not in ("f32", weights):
         raise UsageError(f"--qlinear {args.qlinear} and --weights {args.weights} disagree")
@@ -253,42 +270,80 @@ def tokenizer_beside(program: Path, suffix: str) -> Path:
 
 
 def generate(args: argparse.Namespace) -> int:
-    from openvino_backend.llm.generate import Generator
-
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
-    tokenizer = None
+    if args.prompt is not None and not args.prompt.strip():
+        raise UsageError("--prompt is empty: give the text to continue")
     path = args.tokenizer or next(
         (p for p in (tokenizer_beside(args.program, s) for s in (".json", ".model")) if p.exists()), None
     )
-    if path is not None:
-        from pytorch_tokenizers import get_tokenizer
-
-        tokenizer = get_tokenizer(str(path))
-    if args.runner == "executorch":
-        return _generate_with_executorch_runner(args, path)
+    if args.tokenizer is not None and not args.tokenizer.is_file():
+        raise UsageError(f"--tokenizer {args.tokenizer}: no such file")
+    tokenizer = _tokenizer(path) if path is not None else None
     if args.prompt is not None:
         if tokenizer is None:
             raise UsageError("--prompt needs a tokenizer (--tokenizer), or give --prompt-ids")
         ids = list(tokenizer.encode(args.prompt, bos=True, eos=False))
     else:
         ids = _parse_sizes(args.prompt_ids, "--prompt-ids")
-    try:
-        generator = Generator(args.program)  # from its path, memory-mapped, as deployments load it
-    except OSError as error:
-        raise UsageError(f"cannot read {args.program}: {error.strerror}") from error
+    generator = _generator(args.program)
     outside = [i for i in ids if not 0 <= i < generator.vocab_size]
     if outside:
         raise UsageError(f"token ids {outside[:5]} are outside the program's vocabulary of {generator.vocab_size}")
+    context = generator.max_context
+    if context and len(ids) >= context:
+        raise UsageError(
+            f"the prompt is {len(ids)} tokens and the program's context {context}: give at most {context - 1} "
+            "(or export with a longer --max-seq-len)"
+        )
+    # The first new token comes from the prompt's logits; each further one takes a position.
+    if context and len(ids) + args.max_new_tokens - 1 > context:
+        print(
+            f"note: the context ({context}) leaves room for {context - len(ids) + 1} new tokens after this prompt, "
+            f"not the {args.max_new_tokens} asked for",
+            file=stderr(),
+        )
+    if args.runner == "executorch":
+        del generator  # the C++ runner loads the program itself
+        return _generate_with_executorch_runner(args, path)
     run = generator.generate(ids, args.max_new_tokens)
     text = tokenizer.decode(run.tokens) if tokenizer is not None else " ".join(map(str, run.tokens))
     print(text)
     print(
         f"[{len(run.prompt)} prompt tokens in {run.prefill_ms:.1f} ms; {len(run.tokens)} new tokens, "
-        f"{run.ms_per_token:.2f} ms per token]",
+        f"{run.ms_per_token:.2f} ms per token; stopped at {run.stopped}]",
         file=stderr(),
     )
     return EXIT_OK
+
+
+def _tokenizer(path: Path) -> object:
+    from pytorch_tokenizers import get_tokenizer
+
+    try:
+        return get_tokenizer(str(path))
+    except Exception as error:  # pytorch_tokenizers raises whatever its parser raised
+        raise UsageError(f"cannot read the tokenizer {path}: {type(error).__name__}: {error}") from error
+
+
+def _generator(program: Path) -> object:
+    """The program loaded from its file, or a usage error that says why it cannot be."""
+    from openvino_backend.llm.generate import Generator
+    from openvino_backend.program import ProgramLayoutError
+
+    if not program.is_file():
+        raise UsageError(f"{program}: no such file")
+    try:
+        return Generator(program)  # from its path, memory-mapped, as deployments load it
+    except ProgramLayoutError as error:
+        raise UsageError(str(error).splitlines()[0] + ": " + error.fix.replace("\n", " ")) from error
+    except ValueError as error:  # not an ExecuTorch program at all
+        raise UsageError(f"{program}: {error}") from error
+    except RuntimeError as error:  # the runtime's verdict: truncated, or a delegate (OpenVINO) that fails to load
+        raise UsageError(
+            f"{program}: ExecuTorch's runtime cannot load it ({str(error).strip().splitlines()[0]}): "
+            "a truncated or damaged file, or one written for another runtime"
+        ) from error
 
 
 def _generate_with_executorch_runner(args: argparse.Namespace, tokenizer: Path | None) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from openvino_backend.partition.partitioner import PartitionReport
 from openvino_backend.tools.verify import OutputCheck
 
-EXIT_OK, EXIT_MISMATCH, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2, 3
+EXIT_OK, EXIT_MISMATCH, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
 
 class UsageError(Exception):
