@@ -52,9 +52,15 @@ def causal_families() -> list[str]:
 
 def write_family(family: str, directory: Path) -> Path:
     """``family``'s config at the small size, saved (no weights: the recipe draws random ones)."""
+    import inspect
+
     from transformers import CONFIG_MAPPING
 
-    CONFIG_MAPPING[family](**SMALL).save_pretrained(directory)
+    config_class = CONFIG_MAPPING[family]
+    # Only what the family's config takes (or names another way): a key it does not know would
+    # become a stray attribute (GPT-2 has no key/value heads of its own, Falcon computes head_dim).
+    known = set(inspect.signature(config_class.__init__).parameters) | set(getattr(config_class, "attribute_map", {}))
+    config_class(**{key: value for key, value in SMALL.items() if key in known}).save_pretrained(directory)
     return directory
 
 
