@@ -48,7 +48,7 @@ def _dynamic_dims(model: LoadedModel, args: argparse.Namespace) -> list[DynamicD
         if args.dynamic:
             raise UsageError("--dynamic: a .pt2 program keeps the dynamic dims it was exported with")
         return dims_of(model.exported)
-    return [DynamicDim.parse(text) for text in args.dynamic]
+    return [DynamicDim.parse(text) for text in args.dynamic] or list(model.dynamic)
 
 
 def _lower_one(

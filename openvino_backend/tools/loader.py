@@ -25,6 +25,8 @@ class LoadedModel:
     inputs: tuple[torch.Tensor, ...]
     exported: torch.export.ExportedProgram | None = None
     terms: int = 1
+    # Dims the model is exported with as dynamic unless --dynamic says otherwise (an encoder's sequence).
+    dynamic: tuple[DynamicDim, ...] = ()
 
 
 DTYPES = {
@@ -79,12 +81,70 @@ def load(
         return [_example(spec, generator)]
     if ":" in spec and not Path(spec).exists():
         return [_from_import(spec, shapes, dtypes, generator)]
+    if Path(spec).is_dir() and (Path(spec) / "config.json").exists():
+        return [_from_hugging_face(Path(spec), generator)]
     return [_from_pt2(Path(spec), shapes, dtypes, generator)]
 
 
 def _example(name: str, generator: torch.Generator) -> LoadedModel:
     example = EXAMPLES[name]
     return LoadedModel(name, example.build().eval(), example.inputs(generator), terms=example.terms)
+
+
+EXAMPLE_SEQUENCE = 16
+
+
+class _Encoder(torch.nn.Module):
+    """An encoder's last hidden state for one unpadded sequence of token ids."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids).last_hidden_state
+
+
+def _from_hugging_face(directory: Path, generator: torch.Generator) -> LoadedModel:
+    """A Hugging Face encoder directory (BERT and the like): ``transformers``' ``AutoModel``, its
+    weights if the directory has them (random ones, seeded, otherwise), exported for sequences of
+    any length up to its position table. Decoders go to ``export-llm``."""
+    try:
+        from transformers import AutoConfig, AutoModel
+    except ImportError as error:
+        raise LoadError("a Hugging Face model needs transformers: pip install 'openvino-backend[llm]'") from error
+    from openvino_backend.llm.models import HF_WEIGHTS
+
+    try:
+        config = AutoConfig.from_pretrained(directory)
+    except (ValueError, OSError, KeyError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise LoadError(f"{directory / 'config.json'}: transformers cannot read it ({first})") from error
+    if getattr(config, "is_encoder_decoder", False):
+        raise LoadError(f"{directory}: an encoder-decoder model ({config.model_type}): `lower` takes encoders")
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in getattr(config, "architectures", None) or []):
+        raise LoadError(f"{directory}: a decoder ({config.model_type}): export it with `export-llm`")
+    try:
+        if any((directory / name).exists() for name in HF_WEIGHTS):
+            model = AutoModel.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager")
+        else:
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                model = AutoModel.from_config(config, attn_implementation="eager")
+    except Exception as error:  # transformers' verdict on this family or config
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise LoadError(f"{directory}: transformers cannot build {config.model_type} ({first})") from error
+    vocab = int(getattr(config, "vocab_size", 0) or 2)
+    longest = int(getattr(config, "max_position_embeddings", 0) or 512)
+    ids = torch.randint(0, vocab, (1, min(EXAMPLE_SEQUENCE, longest)), generator=generator)
+    hidden = int(getattr(config, "hidden_size", 1) or 1)
+    return LoadedModel(
+        f"{config.model_type}-{directory.name}",
+        _Encoder(model.to(torch.float32).eval()).eval(),
+        (ids,),
+        terms=hidden,
+        dynamic=(DynamicDim(0, 1, 2, longest),),
+    )
 
 
 def _from_pt2(path: Path, shapes: Sequence[str], dtypes: Sequence[str], generator: torch.Generator) -> LoadedModel:
