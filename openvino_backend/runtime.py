@@ -84,6 +84,52 @@ def supported_precisions(device: str = "CPU") -> tuple[str, ...]:
     return ("f32", *found)
 
 
+# Signed weights OpenVINO's INT8 kernels multiply exactly where the CPU has no VNNI: AVX2's u8 x s8
+# multiply-add (vpmaddubsw) sums pairs into 16 bits, which saturate past 2 * 255 * 64.
+EXACT_AVX2_WEIGHT_BITS = 7
+_VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+@cache
+def has_vnni() -> bool:
+    """Whether this CPU multiplies u8 by s8 into 32-bit sums (VNNI or AMX), as PyTorch's cpuinfo reads
+    CPUID (which an emulated CPU answers for itself; ``/proc/cpuinfo`` describes the host)."""
+    capabilities = torch.cpu.get_capabilities()
+    return any(capabilities.get(flag, False) for flag in _VNNI_FLAGS)
+
+
+def int8_weight_bits(device: str = "CPU") -> int:
+    """The widest signed weights (8 or 7 bits) ``device``'s INT8 kernels compute exactly on this
+    machine: 8 with VNNI or AMX, 7 on AVX2-only CPUs (``docs/int8.md`` has the measurement)."""
+    if device.split(":")[0].split(".")[0] not in ("CPU", "AUTO", "HETERO", "MULTI"):
+        return 8
+    return 8 if has_vnni() else EXACT_AVX2_WEIGHT_BITS
+
+
+def no_vnni_note() -> str:
+    """What an INT8 error on a CPU without VNNI means, and what to do."""
+    return (
+        "this CPU has no VNNI (AVX512-VNNI, AVX-VNNI or AMX): OpenVINO's AVX2 INT8 kernels saturate 16-bit "
+        "pair sums when weights use more than 7 bits; quantize with 7-bit weights "
+        "(quantize_int8(..., weight_bits=7), or weight_qmin=-63, weight_qmax=63 in the quantizer's config)"
+    )
+
+
+def warn_if_int8_not_portable(weight_ranges: list[tuple[int, int]], device: str) -> None:
+    """Log that 8-bit weights delegated here compute wrongly on CPUs without VNNI."""
+    wide = [r for r in weight_ranges if max(-r[0], r[1]) > 2 ** (EXACT_AVX2_WEIGHT_BITS - 1)]
+    if not wide or int8_weight_bits(device) < 8:  # without VNNI the numerical check judges them here
+        return
+    logger.warning(
+        "%d INT8 weight tensor(s) use 8 bits (range %s): OpenVINO computes them exactly on this CPU (VNNI) "
+        "but not on CPUs without VNNI (AVX2 only), where its INT8 kernels saturate and the program "
+        "returns wrong values. For such targets quantize with 7-bit weights "
+        "(quantize_int8(..., weight_bits=7), or weight_qmin=-63, weight_qmax=63).",
+        len(wide),
+        f"[{wide[0][0]}, {wide[0][1]}]",
+    )
+
+
 def precision_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bf16"``: OpenVINO's name for a precision."""
     return next(name for name, known in _OV_TO_TORCH.items() if known == dtype)

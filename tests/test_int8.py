@@ -8,6 +8,7 @@ import torch
 import openvino_backend.lowering.preprocess as preprocess
 from openvino_backend.diagnostics import CpuKernelError
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
+from openvino_backend.runtime import int8_weight_bits
 from openvino_backend.tools.quantize import quantize_int8
 from openvino_backend.tools.verify import lower_exported, run_program
 from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
@@ -85,3 +86,52 @@ def test_what_the_partitioner_accepts_preprocess_converts_on_its_own(name, fold,
     assert non_delegated_ops(converted) == []
     (a,), (b,) = run_program(handed.buffer, [x]), run_program(converted.buffer, [x])
     torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def _weights(quantized: torch.nn.Module) -> list[torch.Tensor]:
+    """The int8 weights of a folded quantized module (its constants of that dtype, 2-d or more)."""
+    tensors = [*quantized.state_dict().values(), *(getattr(quantized, n) for n, _ in quantized.named_buffers())]
+    found = [getattr(quantized, name) for name in dir(quantized) if name.startswith("_frozen_param")]
+    return [t for t in [*tensors, *found] if isinstance(t, torch.Tensor) and t.dtype == torch.int8 and t.dim() >= 2]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_seven_bit_weights_run_in_openvino_on_every_cpu(name) -> None:
+    """The recipe for CPUs without VNNI (weights in [-63, 63]), which OpenVINO's AVX2 INT8 kernels
+    compute exactly: delegated whole and within quantization noise here, whatever this CPU is."""
+    torch.manual_seed(0)
+    build, draw = MODELS[name]
+    model, x = build(), draw()
+    calibration = [(torch.randn_like(x),) for _ in range(8)]
+    quantized = quantize_int8(model, (x,), calibration, weight_bits=7)
+    weights = _weights(quantized)
+    assert weights and max(int(w.abs().max()) for w in weights) <= 63
+    program = lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner())
+    assert non_delegated_ops(program) == []
+    sample = draw()
+    (actual,) = run_program(program.buffer, [sample])
+    with torch.no_grad():
+        expected, float_ = quantized(sample), model(sample)
+    assert _rms(actual - expected) <= 1.5 * _rms(expected - float_)
+
+
+@pytest.mark.skipif(int8_weight_bits() == 8, reason="this CPU has VNNI: OpenVINO computes 8-bit weights exactly here")
+def test_eight_bit_weights_without_vnni_are_kept_out_and_the_error_names_the_missing_feature() -> None:
+    model, x = SmallCNN().eval(), torch.randn(2, 3, 16, 16)
+    calibration = [(torch.randn_like(x),) for _ in range(8)]
+    quantized = quantize_int8(model, (x,), calibration, weight_bits=8)
+    with pytest.raises(CpuKernelError) as caught:
+        lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner())
+    assert "no VNNI" in str(caught.value) and "weight_bits=7" in str(caught.value)
+
+
+@pytest.mark.skipif(int8_weight_bits() < 8, reason="without VNNI the numerical check judges 8-bit weights here")
+def test_eight_bit_weights_are_announced_as_wrong_on_cpus_without_vnni(caplog) -> None:
+    model, x = SmallCNN().eval(), torch.randn(2, 3, 16, 16)
+    calibration = [(torch.randn_like(x),) for _ in range(8)]
+    for bits, warned in ((8, True), (7, False)):
+        caplog.clear()
+        quantized = quantize_int8(model, (x,), calibration, weight_bits=bits)
+        with caplog.at_level("WARNING", logger="openvino_backend.runtime"):
+            lower_exported(torch.export.export(quantized, (x,)), partitioner=OpenvinoPartitioner())
+        assert any("without VNNI" in r.getMessage() for r in caplog.records) == warned, bits

@@ -41,6 +41,8 @@ from openvino_backend.runtime import (
     effective_dtype,
     from_bound,
     inference_precision,
+    int8_weight_bits,
+    no_vnni_note,
     openvino_core,
     precision_name,
     run_like_runtime,
@@ -103,6 +105,8 @@ class NumericalCheck:
             f"OpenVINO computes this {op_name(culprit)} differently from PyTorch: {mismatch.detail} "
             "(found by running the partition on sample values; please report the op)"
         )
+        if int8_weight_bits(self.device) < 8 and quantizes(nodes):
+            reason += f"; {no_vnni_note()}"
         self.narrowed.append((op_name(culprit), mismatch.detail))
         yield culprit, reason
 

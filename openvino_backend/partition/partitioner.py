@@ -35,7 +35,13 @@ from openvino_backend.partition.support import OpenvinoOperatorSupport
 from openvino_backend.partition.view import Rule
 from openvino_backend.partition.whole_program import ensure_device, ensure_fusable, ensure_pads_delegated
 from openvino_backend.program import warn_about_layout
-from openvino_backend.runtime import inference_precision, precision_name, unbindable, warn_if_reduced
+from openvino_backend.runtime import (
+    inference_precision,
+    precision_name,
+    unbindable,
+    warn_if_int8_not_portable,
+    warn_if_reduced,
+)
 from openvino_backend.timing import timed
 from openvino_backend.transform.dynamic import pad_dynamic_outputs
 from openvino_backend.transform.fold import fold_constant_subgraphs
@@ -180,6 +186,7 @@ class OpenvinoPartitioner(Partitioner):
         if self.take_over_mutable_buffers:
             self.report = replace(self.report, state_buffers=take_over_mutable_buffers(exported_program))
         warn_if_reduced(_float_dtypes(proposal), self.options.device, self.options.precision)
+        warn_if_int8_not_portable(_weight_ranges(proposal), self.options.device)
         logger.info("OpenVINO takes %d nodes in %d partition(s)", self.report.delegated_nodes, len(proposal.partitions))
         if proposal.rejected:
             logger.info("Nodes not delegated to OpenVINO:\n%s", self.reporter.get_table_report())
@@ -216,3 +223,17 @@ class OpenvinoPartitioner(Partitioner):
 def _float_dtypes(proposal: Proposal) -> set[torch.dtype]:
     vals = (node.meta.get("val") for node in proposal.delegated)
     return {v.dtype for v in vals if isinstance(v, torch.Tensor) and v.dtype.is_floating_point}
+
+
+def _weight_ranges(proposal: Proposal) -> list[tuple[int, int]]:
+    """The integer range of each int8 weight dequantized inside a partition: a per-channel dequantize,
+    or a per-tensor one over a narrow symmetric range (activations use the full -128..127)."""
+    ranges = []
+    for node in proposal.delegated:
+        name = str(getattr(node.target, "__name__", node.target))
+        if node.op != "call_function" or "dequantize_per_" not in name or node.args[-1] != torch.int8:
+            continue
+        low, high = node.args[-3], node.args[-2]
+        if "per_channel" in name or low == -high:
+            ranges.append((int(low), int(high)))
+    return ranges

@@ -12,6 +12,12 @@ pattern the way OpenVINO's CPU kernels like it: symmetric int8 weights
 backend uses it rather than a quantizer of its own: on a ResNet-18-sized CNN
 its INT8 program runs ~1.9x faster than the float lowering here, within the
 quantized model's own distance from the float model (``python -m bench``).
+
+On CPUs without VNNI (AVX2 only) OpenVINO's INT8 kernels sum pairs of u8 x s8
+products in 16 bits, which saturate with full-range 8-bit weights (off by tens
+of output steps, measured by ``bench/int8_exact.py``); with 7-bit weights they
+are exact. ``weight_bits`` picks the range; by default, what this machine
+computes exactly.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
 )
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+from openvino_backend.runtime import int8_weight_bits
+
 
 def quantize_int8(
     module: torch.nn.Module | torch.export.ExportedProgram,
@@ -33,12 +41,22 @@ def quantize_int8(
     *,
     per_channel: bool = True,
     fold_quantize: bool = True,
+    weight_bits: int | None = None,
 ) -> torch.nn.Module:
-    """``module`` quantized to INT8 (PT2E: prepare, calibrate on ``calibration``, convert)."""
+    """``module`` quantized to INT8 (PT2E: prepare, calibrate on ``calibration``, convert).
+
+    ``weight_bits``: 8 (weights in [-127, 127]) or 7 ([-63, 63]), which OpenVINO's INT8 kernels
+    compute exactly on every x86 CPU: without VNNI (AVX2-only CPUs) they saturate with 8-bit
+    weights. Default: what this machine computes exactly (``runtime.int8_weight_bits``)."""
+    bits = int8_weight_bits() if weight_bits is None else weight_bits
+    if bits not in (7, 8):
+        raise ValueError(f"weight_bits {weight_bits}: expected 8, or 7 for CPUs without VNNI")
     exported = module if isinstance(module, torch.export.ExportedProgram) else None
     if exported is None:
         exported = torch.export.export(module.eval(), tuple(example_inputs))
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=per_channel))
+    bound = 2 ** (bits - 1) - 1
+    config = get_symmetric_quantization_config(is_per_channel=per_channel, weight_qmin=-bound, weight_qmax=bound)
+    quantizer = XNNPACKQuantizer().set_global(config)
     prepared = prepare_pt2e(exported.module(), quantizer)
     with torch.no_grad():
         for inputs in calibration:

@@ -7,7 +7,8 @@ dim order (error 0x12 at run time), and OpenVINO's frontend converts it to
 nothing, so neither side could run it as it stands. ``clone`` keeps the
 input's layout, as eager's alias does, and becomes ``_clone_dim_order``, which
 both sides run. In eager the result is a view with ``x``'s strides; the copy
-has the same values and layout.
+has the same values and layout. An alias of a program input is left as it is:
+OpenVINO takes it as a transpose at the partition's edge.
 """
 
 from __future__ import annotations
@@ -44,5 +45,9 @@ def _rewritable(node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target not in _ALIASES:
         return False
     source = node.args[0] if node.args else None
-    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    # An alias of a program input stays: as a partition's input and output in two dim orders it is
+    # a real transpose in OpenVINO (lowering/edge_layout.py), delegated whole.
+    if not isinstance(source, torch.fx.Node) or source.op == "placeholder":
+        return False
+    val = source.meta.get("val")
     return isinstance(val, torch.Tensor) and not val.is_contiguous() and val.dim_order() != tuple(range(val.dim()))
