@@ -14,9 +14,19 @@ def run() -> int:
         from openvino_backend.tools.quiet import silence_libraries
 
         silence_libraries()
-    from openvino_backend.tools.cli import main
+    try:
+        from openvino_backend.tools.cli import main
 
-    return main()
+        return main()
+    except Exception as error:  # before the command line could catch it (importing the libraries, say)
+        from openvino_backend.tools.quiet import stderr
+
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(
+            f"error: {type(error).__name__}{': ' + first if first else ''}\n  rerun with --debug for the traceback",
+            file=stderr(),
+        )
+        return 4
 
 
 if __name__ == "__main__":
