@@ -307,17 +307,47 @@ def call_cost_line(costs: dict[str, float]) -> str:
     )
 
 
-def cpu_kind() -> str:
-    """The CPU's name and the instruction sets that decide OpenVINO's kernels and precision."""
+_SETS = ("avx2", "avx512_f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
+
+
+def _host_flags() -> tuple[str, set[str]]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine(), set()
     name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
     flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    sets = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
-    kind = "AMX" if "amx_tile" in flags else "AVX512-BF16, no AMX" if "avx512_bf16" in flags else "AVX2 only"
-    return f"{name} ({kind}: {' '.join(sets)})"
+    return name, flags
+
+
+def emulated() -> bool:
+    """Whether this process runs on an emulated CPU (QEMU): CPUID, as PyTorch reads it, then
+    describes another CPU than the host's ``/proc/cpuinfo``, and times mean nothing."""
+    _, flags = _host_flags()
+    capabilities = torch.cpu.get_capabilities()
+    # PyTorch's cpuinfo names avx512f "avx512_f"; /proc/cpuinfo "avx512f".
+    pairs = (("avx2", "avx2"), ("avx512_f", "avx512f"), ("avx512_vnni", "avx512_vnni"))
+    return bool(flags) and any(bool(capabilities.get(ours, False)) != (theirs in flags) for ours, theirs in pairs)
+
+
+def cpu_kind() -> str:
+    """The CPU's name and the instruction sets that decide OpenVINO's kernels and precision (as
+    CPUID gives them, which an emulated CPU answers for itself)."""
+    name, _ = _host_flags()
+    capabilities = torch.cpu.get_capabilities()
+    sets = [f for f in _SETS if capabilities.get(f, False)]
+    has = set(sets)
+    kind = (
+        "AMX"
+        if "amx_tile" in has
+        else "AVX512-BF16, no AMX"
+        if "avx512_bf16" in has
+        else "AVX-512 with VNNI, no BF16"
+        if "avx512_vnni" in has
+        else "AVX2 only"
+    )
+    where = f"emulated (QEMU) on {name}" if emulated() else name
+    return f"{where} ({kind}: {' '.join(sets)})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,8 +466,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(tabulate(bench_dynamic(reps, iterations), headers=DYNAMIC_HEADERS))
     if not args.dynamic:
-        print(f"\nINT8 (PT2E, XNNPACKQuantizer) vs float and vs XNNPACK, ms per call (median of {reps} x {iterations})")
-        print(tabulate(bench_int8(reps, iterations), headers=INT8_HEADERS))
+        from openvino_backend.runtime import int8_weight_bits
+
+        timed = not emulated()
+        print(
+            f"\nINT8 (PT2E, XNNPACKQuantizer, {int8_weight_bits()}-bit weights: what this CPU computes exactly) "
+            f"vs float and vs XNNPACK, ms per call (median of {reps} x {iterations}); CPU: {cpu_kind()}, "
+            f"f32 computed as {inference_precision('CPU')}"
+        )
+        if not timed:
+            print("times and speed-ups withheld: the CPU is emulated, its times mean nothing; errors only")
+        print(tabulate(bench_int8(reps, iterations, timed=timed), headers=INT8_HEADERS))
     if args.dynamic or args.int8:
         return 0
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,7 +29,9 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor
 CALIBRATION_DRAWS = 8
 
 
-def bench_int8(reps: int, iterations: int) -> list[tuple]:
+def bench_int8(reps: int, iterations: int, *, timed: bool = True) -> list[tuple]:
+    """One row per model; with ``timed`` False (an emulated CPU, whose times mean nothing) the
+    errors alone, the time columns left empty."""
     rows = []
     for name, (build, draw) in MODELS.items():
         torch.manual_seed(0)
@@ -48,24 +50,33 @@ def bench_int8(reps: int, iterations: int) -> list[tuple]:
         }
         with torch.no_grad():
             expected, expected_q = flatten_outputs(module(x)), flatten_outputs(quantized(x))
-        for method in programs.values():  # warm up
-            _ms(method, [x], 3)
         times: dict[str, list[float]] = {kind: [] for kind in programs}
-        for _ in range(reps):  # interleaved: F I F I ...
+        for _ in range(reps if timed else 0):  # interleaved: F I F I ...
             for kind, method in programs.items():
+                if not times[kind]:
+                    _ms(method, [x], 3)  # warm up
                 times[kind].append(_ms(method, [x], iterations))
-        speedup = statistics.median(f / i for f, i in zip(times["float"], times["int8"], strict=True))
-        vs_xnnpack = statistics.median(i / q for i, q in zip(times["int8"], times["xnnpack int8"], strict=True))
+        ms = {kind: f"{statistics.median(t):.3f} " if t else "- " for kind, t in times.items()}
+        speedup = (
+            f"{statistics.median(f / i for f, i in zip(times['float'], times['int8'], strict=True)):.2f}x"
+            if timed
+            else "-"
+        )
+        vs_xnnpack = (
+            f"{statistics.median(i / q for i, q in zip(times['int8'], times['xnnpack int8'], strict=True)):.2f}"
+            if timed
+            else "-"
+        )
         int8_out = programs["int8"]([x])
         xnnpack_out = programs["xnnpack int8"]([x])
         rows.append(
             (
                 name,
-                f"{statistics.median(times['float']):.3f} (err {_error(programs['float']([x]), expected):.2g})",
-                f"{statistics.median(times['int8']):.3f} (err {_error(int8_out, expected):.2g})",
-                f"{speedup:.2f}x",
-                f"{statistics.median(times['xnnpack int8']):.3f} (err {_error(xnnpack_out, expected):.2g})",
-                f"{vs_xnnpack:.2f}",
+                f"{ms['float']}(err {_error(programs['float']([x]), expected):.2g})",
+                f"{ms['int8']}(err {_error(int8_out, expected):.2g})",
+                speedup,
+                f"{ms['xnnpack int8']}(err {_error(xnnpack_out, expected):.2g})",
+                vs_xnnpack,
                 f"{_error(int8_out, expected_q):.2g} / {_error(xnnpack_out, expected_q):.2g}",
                 f"{_error(flatten_outputs(quantized(x)), expected):.2g}",
             )
