@@ -183,7 +183,8 @@ def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
             f"{family}: transformers cannot build it with a static KV cache, which the export needs ({reason})"
         ) from error
     text = config.get_text_config()
-    eos = text.eos_token_id if isinstance(text.eos_token_id, list) else [text.eos_token_id]
+    eos_ids = getattr(text, "eos_token_id", None)  # not every family's config has one
+    eos = eos_ids if isinstance(eos_ids, list) else [eos_ids]
     return Decoder(
         module=_HuggingFaceDecoder(cached).eval(),
         name=f"{config.model_type}-{directory.name}",
@@ -191,7 +192,7 @@ def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
         max_context=max_context,
         strict=True,
         tokenizer=_tokenizer_in(directory),
-        bos_id=text.bos_token_id,
+        bos_id=getattr(text, "bos_token_id", None),
         eos_ids=[e for e in eos if e is not None],
     )
 
