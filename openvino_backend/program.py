@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import mmap
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -129,6 +130,12 @@ def check_program(buffer: bytes, source: str = "the program") -> None:
             "edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=False))",
             delegates=segmented,
         )
+
+
+def check_program_file(path: Path) -> None:
+    """``check_program`` of the file at ``path``, mapped rather than read (an LLM's is gigabytes)."""
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        check_program(mapped, str(path))
 
 
 def write_program(program: ExecutorchProgramManager | bytes, path: Path) -> int:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from openvino_backend.program import check_program
+from openvino_backend.program import check_program_file
 
 LIBRARY_VARIABLE = "OPENVINO_LIB_PATH"
 
@@ -52,8 +52,7 @@ class ExecutorchRunner:
     """``TextLLMRunner`` over a program written by ``export-llm`` and its tokenizer."""
 
     def __init__(self, program: Path, tokenizer: Path) -> None:
-        with open(program, "rb") as file:
-            check_program(file.read(), str(program))
+        check_program_file(Path(program))
         point_runtime_at_openvino()
         from executorch.extension.llm.runner import TextLLMRunner
 

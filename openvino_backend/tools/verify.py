@@ -21,7 +21,7 @@ from executorch.exir.backend.partitioner import Partitioner
 from executorch.runtime import Runtime
 
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
-from openvino_backend.program import check_program, to_executorch, writing_inline
+from openvino_backend.program import check_program, check_program_file, to_executorch, writing_inline
 from openvino_backend.runtime import Tolerance
 
 
@@ -69,8 +69,7 @@ class LoadedMethod:
         if isinstance(program, bytes):
             self._program = _load_from_file(program)
         else:
-            with open(program, "rb") as file:
-                check_program(file.read(), str(program))
+            check_program_file(Path(program))
             self._program = runtime().load_program(Path(program))  # must outlive its method
         self._method = self._program.load_method(method)
         if self._method is None:
