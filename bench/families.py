@@ -96,6 +96,30 @@ def follow_eager(family: str, directory: Path) -> float:
     return worst
 
 
+def greedy(family: str, directory: Path, new_tokens: int = 2 * STEPS) -> dict[str, object]:
+    """Greedy tokens of ``family``'s program, run from its file, and of ``transformers``' own
+    ``generate(do_sample=False)`` on the same weights and prompt; each stops at its end-of-sequence
+    token or after ``new_tokens``. With OpenVINO in f32 (``bench/f32.py``) they must be equal."""
+    import torch
+
+    from openvino_backend.llm.export import export_decoder
+    from openvino_backend.llm.generate import Generator
+    from openvino_backend.llm.models import load_decoder
+    from openvino_backend.program import write_program
+    from openvino_backend.runtime import inference_precision
+
+    decoder = load_decoder(write_family(family, directory), max_context=CONTEXT)
+    model = copy.deepcopy(decoder.module.cached.model)  # before export: what eager runs is untouched by it
+    prompt = list(range(3, 3 + PROMPT))
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
+    eager = out[0, len(prompt) :].tolist()
+    program = directory / "program.pte"
+    write_program(export_decoder(decoder), program)
+    ours = Generator(program).generate(prompt, new_tokens).tokens  # from its file, as deployments load it
+    return {"family": family, "ours": ours, "eager": eager, "precision": str(inference_precision("CPU"))}
+
+
 def verdict(family: str) -> dict[str, object]:
     """One family's row: ``status`` follows eager / refused (a typed error) / fails, and why."""
     from openvino_backend.diagnostics import OpenvinoExportError
@@ -140,11 +164,19 @@ def sweep(families: list[str] | None = None) -> list[dict[str, object]]:
 
 
 def main() -> int:
-    """``python -m bench.families FAMILY``: one JSON line, the family's verdict."""
+    """``python -m bench.families FAMILY``: one JSON line, the family's verdict; with ``--greedy
+    DIRECTORY``, its greedy tokens and eager's (``greedy``), the program written in DIRECTORY."""
+    import argparse
+
     from bench import answer_stream
 
+    parser = argparse.ArgumentParser(prog="python -m bench.families")
+    parser.add_argument("family")
+    parser.add_argument("--greedy", type=Path, metavar="DIRECTORY")
+    args = parser.parse_args()
     out = answer_stream()
-    print(json.dumps(verdict(sys.argv[1])), file=out)
+    row = greedy(args.family, args.greedy / args.family) if args.greedy else verdict(args.family)
+    print(json.dumps(row), file=out)
     return 0
 
 

@@ -1,19 +1,29 @@
 """Decoder families of ``transformers`` through the LLM recipe, each against eager.
 
 Small random models (``bench/families.py`` builds them): each family exports,
-runs from its file on ExecuTorch's runtime, and follows eager through a
-prompt in one call and six decode calls, within the target precision. The
-sweep over every causal-LM family, with the reasons of those refused, is
-``python -m bench --families`` (docs/llm.md lists it).
+runs from its file on ExecuTorch's runtime, and gives token for token what
+``transformers``' greedy ``generate`` gives, with OpenVINO computing in f32
+(in a child process, ``bench/f32.py``: on a bf16 CPU the default precision
+makes near-ties a coin toss). A sample of them also follows eager in the
+machine's default precision through a prompt in one call and six decode
+calls fed eager's tokens, every logits vector within that precision's
+tolerance. The sweep over every causal-LM family, with the reasons of those
+refused, is ``python -m bench --families`` (docs/llm.md lists it).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from bench.f32 import f32_environment
 from bench.families import follow_eager
+
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
 
@@ -41,8 +51,39 @@ FAMILIES = (
 )
 
 
+# In the machine's default precision (bf16 on a CPU with AVX512-BF16 or AMX): dense, eager
+# attention, sliding windows, learned positions, experts.
+AT_DEFAULT_PRECISION = ("llama", "gemma2", "gemma3_text", "gpt2", "mixtral", "qwen3_moe")
+
+
+@pytest.fixture(scope="module")
+def openvino_in_f32(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return f32_environment(tmp_path_factory.mktemp("openvino-f32"))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_family_exports_and_follows_eager(family: str, tmp_path: Path) -> None:
+def test_family_generates_eagers_greedy_tokens_with_openvino_in_f32(
+    family: str, openvino_in_f32: dict[str, str], tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.families", family, "--greedy", str(tmp_path)],
+        env=openvino_in_f32,
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, f"{family}: the child ended with {done.returncode}\n{done.stderr[-3000:]}"
+    row = json.loads(lines[-1])
+    assert row["precision"] == "torch.float32", f"the child's OpenVINO computes in {row['precision']}"
+    assert row["ours"] == row["eager"], f"{family}: greedy tokens differ from transformers' generate"
+    assert row["ours"], f"{family}: no token generated"
+
+
+@pytest.mark.parametrize("family", AT_DEFAULT_PRECISION)
+def test_family_follows_eager_at_the_default_precision(family: str, tmp_path: Path) -> None:
     worst = follow_eager(family, tmp_path / family)
     assert worst < 0.05, f"{family}: relative logits error {worst:.3g}"
 
