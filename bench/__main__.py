@@ -372,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only programs as deployments run them: 1,000 calls from a file, ExecuTorch's C++ LLM runner",
     )
     parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="only decode from a plain Python process that imported PyTorch (no OMP_WAIT_POLICY)",
+    )
+    parser.add_argument(
         "--families", action="store_true", help="only every causal-LM family of transformers through export-llm"
     )
     parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
@@ -396,6 +401,14 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(rows, headers=PEER_HEADERS))
         print("\n" + "\n".join(summary))
         print(call_cost_line(call_cost_ms()))
+        return 0
+    if args.threads:
+        from bench.threads import HEADERS, bench_threads
+
+        with nncf_off_stdout():
+            rows, what = bench_threads()
+        print(f"\nDecode from a fresh Python process that imported PyTorch: {what}")
+        print(tabulate(rows, headers=HEADERS))
         return 0
     if args.families:
         from bench.families import CONTEXT, sweep

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
@@ -44,6 +46,34 @@ def openvino_core() -> ov.Core:
 
 # Devices that stand for others: "AUTO", "HETERO:GPU,CPU", "MULTI:CPU,GPU", "BATCH:GPU(4)".
 VIRTUAL_DEVICES = frozenset({"AUTO", "HETERO", "MULTI", "BATCH"})
+
+
+_idle = threading.local()
+
+
+@contextmanager
+def torch_workers_idle() -> Iterator[None]:
+    """PyTorch runs single-threaded inside this block, so its OpenMP workers sleep while OpenVINO's
+    threads compute.
+
+    ExecuTorch's Python binding copies a program's outputs with PyTorch, and an LLM's logits are
+    large enough for PyTorch to split the copy across its OpenMP workers, which then spin, waiting
+    for more work (libgomp's default unless ``OMP_WAIT_POLICY=PASSIVE`` was set before PyTorch
+    loaded), on the cores OpenVINO's next call needs. PyTorch's thread count is OpenMP's, which
+    belongs to the calling thread: other Python threads keep theirs. Reentrant.
+    """
+    depth = getattr(_idle, "depth", 0)
+    if depth == 0:
+        _idle.saved = torch.get_num_threads()
+        if _idle.saved > 1:
+            torch.set_num_threads(1)
+    _idle.depth = depth + 1
+    try:
+        yield
+    finally:
+        _idle.depth -= 1
+        if _idle.depth == 0 and _idle.saved > 1:
+            torch.set_num_threads(_idle.saved)
 
 
 def missing_devices(device: str) -> list[str]:

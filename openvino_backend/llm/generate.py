@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from openvino_backend.runtime import torch_workers_idle
 from openvino_backend.tools.verify import LoadedMethod
 
 
@@ -68,6 +69,12 @@ class Generator:
     ) -> Generation:
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
+        with torch_workers_idle():  # the argmax between calls too: no PyTorch worker spins beside OpenVINO
+            return self._generate(prompt, max_new_tokens, on_token)
+
+    def _generate(
+        self, prompt: Sequence[int], max_new_tokens: int, on_token: Callable[[int], None] | None
+    ) -> Generation:
         run = Generation(list(prompt))
         start = time.perf_counter()
         logits = self(prompt)

@@ -22,7 +22,7 @@ from executorch.runtime import Runtime
 
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.program import check_program, check_program_file, to_executorch, writing_inline
-from openvino_backend.runtime import Tolerance
+from openvino_backend.runtime import Tolerance, torch_workers_idle
 
 
 def lower(
@@ -76,7 +76,8 @@ class LoadedMethod:
             raise ValueError(f"the program has no method {method!r}")
 
     def __call__(self, inputs: Sequence[object]) -> list[torch.Tensor]:
-        return list(self._method.execute(list(inputs)))
+        with torch_workers_idle():  # the runtime copies the outputs with PyTorch
+            return list(self._method.execute(list(inputs)))
 
     def constant(self, name: str) -> object | None:
         """What the program's constant method ``name`` returns (None if it has none)."""
