@@ -35,6 +35,7 @@ _EXPORTS = {
     "ProgramLayoutError": "openvino_backend.program",
     "check_program": "openvino_backend.program",
     "to_executorch": "openvino_backend.program",
+    "torch_workers_idle": "openvino_backend.runtime",
     "find_passthroughs": "openvino_backend.lowering.validate",
     "validate_compiled": "openvino_backend.lowering.validate",
     "validate_edge_tensors": "openvino_backend.lowering.validate",

@@ -57,11 +57,17 @@ def backend_config(config: ExecutorchBackendConfig | None = None) -> ExecutorchB
 
 def to_executorch(edge: EdgeProgramManager, config: ExecutorchBackendConfig | None = None) -> ExecutorchProgramManager:
     """``edge.to_executorch(config)`` with OpenVINO blobs inline: a program that runs from a file."""
-    program = edge.to_executorch(backend_config(config))
-    size = len(program.buffer)
-    if size > FLATBUFFER_LIMIT:
+    from flatbuffers.builder import BuilderSizeError  # ExecuTorch's serializer's
+
+    try:
+        program = edge.to_executorch(backend_config(config))
+        size = len(program.buffer)  # serialized here
+    except BuilderSizeError:
+        size = None  # the serializer stopped at its limit
+    if size is None or size > FLATBUFFER_LIMIT:
+        how_big = "" if size is None else f" ({size:,} bytes)"
         raise ProgramLayoutError(
-            f"the program is {size:,} bytes with its OpenVINO blobs inline, over the 2 GiB a flatbuffer can hold",
+            f"the program{how_big} is over the 2 GiB a flatbuffer can hold with its OpenVINO blobs inline",
             why="OpenVINO reads its constants from the blob after import, so the blob must live as long as the\n"
             "program, and only inline data does; inline data counts against the flatbuffer's 2 GiB",
             fix="compress the weights (export-llm --weights int8|int4) or split the model into smaller programs",

@@ -153,3 +153,13 @@ def test_lower_writes_a_program_that_runs_from_its_path(tmp_path: Path, capsys) 
 def test_check_program_refuses_what_is_not_a_program() -> None:
     with pytest.raises(ValueError, match="not an ExecuTorch program"):
         segmented_delegates(b"\x00" * 64)
+
+
+def test_a_program_past_the_flatbuffer_limit_is_refused_with_its_reason(monkeypatch) -> None:
+    from flatbuffers.builder import Builder
+
+    # ExecuTorch's serializer, stopped at 64 KiB instead of 2 GiB: a 256 KiB layer is over it.
+    monkeypatch.setattr(Builder, "MAX_BUFFER_SIZE", 1 << 16)
+    module, inputs = torch.nn.Linear(256, 256).eval(), (torch.randn(2, 256),)
+    with pytest.raises(ProgramLayoutError, match=r"(?s)over the 2 GiB a flatbuffer can hold.*--weights int8\|int4"):
+        to_executorch(_edge(module, inputs))
