@@ -148,7 +148,17 @@ def no_vnni_note() -> str:
 def warn_if_int8_not_portable(weight_ranges: list[tuple[int, int]], device: str) -> None:
     """Log that 8-bit weights delegated here compute wrongly on CPUs without VNNI."""
     wide = [r for r in weight_ranges if max(-r[0], r[1]) > 2 ** (EXACT_AVX2_WEIGHT_BITS - 1)]
-    if not wide or int8_weight_bits(device) < 8:  # without VNNI the numerical check judges them here
+    if not wide:
+        return
+    if int8_weight_bits(device) < 8:
+        logger.warning(
+            "%d INT8 weight tensor(s) use 8 bits (range %s) and this CPU has no VNNI, where OpenVINO's INT8 "
+            "kernels saturate with them: stored weights are dequantized at export, so their layers compute in "
+            "floating point (exact, without INT8's speed). For INT8 speed on such CPUs quantize with 7-bit "
+            "weights (quantize_int8(..., weight_bits=7), or weight_qmin=-63, weight_qmax=63).",
+            len(wide),
+            f"[{wide[0][0]}, {wide[0][1]}]",
+        )
         return
     logger.warning(
         "%d INT8 weight tensor(s) use 8 bits (range %s): OpenVINO computes them exactly on this CPU (VNNI) "
