@@ -36,22 +36,18 @@ _SHAPE_ONLY = ("Reshape", "Transpose", "Squeeze", "Unsqueeze")
 
 
 def dequantize_wide_weights(model: ov.Model, weight_bits: int) -> int:
-    """Replace, in place, each INT8 layer's stored int8 weight using more than ``weight_bits`` bits by
-    its dequantized f32 value; how many were replaced."""
+    """Replace, in place, each INT8 layer's constant weight quantized to more than ``weight_bits``
+    bits by its dequantized f32 value; how many were replaced."""
     limit = 2 ** (weight_bits - 1) - 1
     replaced = 0
     for node in model.get_ordered_ops():
         port = _WEIGHTED.get(node.get_type_name())
         if port is None or not _quantized(node.input_value(0)):
             continue
-        weight = node.input_value(port)
-        found = _dequantized(weight)
-        if found is None:
+        found = _dequantized(node.input_value(port))
+        if found is None or found[1] <= limit:
             continue
-        value, integers = found
-        if not integers or max(int(np.abs(q.astype(np.int16)).max()) for q in integers if q.size) <= limit:
-            continue
-        node.input(port).replace_source_output(opset.constant(value.astype(np.float32)).output(0))
+        node.input(port).replace_source_output(opset.constant(found[0].astype(np.float32)).output(0))
         replaced += 1
     if replaced:
         model.validate_nodes_and_infer_types()
@@ -66,29 +62,48 @@ def _quantized(output: ov.Output) -> bool:
     return node.get_type_name() == "FakeQuantize"
 
 
-def _dequantized(output: ov.Output) -> tuple[np.ndarray, list[np.ndarray]] | None:
-    """The f32 value of a constant dequantize chain ending at ``output`` and the int8 constants it
-    reads; None when ``output`` is anything else."""
+def _dequantized(output: ov.Output) -> tuple[np.ndarray, int] | None:
+    """The f32 value of a constant (de)quantize expression ending at ``output``, and the largest
+    integer magnitude its weights were quantized to (0 if none); None for anything else.
+
+    Two forms reach here: a stored int8 weight dequantized (``Convert`` -> ``Subtract`` ->
+    ``Multiply``), and a float weight quantized and dequantized in the graph
+    (``fold_quantize=False``), which the frontend writes as a ``FakeQuantize``.
+    """
     node = output.get_node()
     kind = node.get_type_name()
     if kind == "Constant":
         data = node.get_data()
-        return data, [data] if node.get_element_type() == ov.Type.i8 else []
-    if kind not in ("Convert", "Subtract", "Multiply", *_SHAPE_ONLY):
+        return data, int(np.abs(data.astype(np.int16)).max(initial=0)) if node.get_element_type() == ov.Type.i8 else 0
+    if kind not in ("Convert", "Subtract", "Multiply", "FakeQuantize", *_SHAPE_ONLY):
         return None  # not a constant expression: never walk into the graph
     inputs = [_dequantized(value) for value in node.input_values()]
     if any(found is None for found in inputs):
         return None
     values = [found[0] for found in inputs]
-    integers = [q for found in inputs for q in found[1]]
+    widest = max(found[1] for found in inputs)
     if kind == "Convert" and node.get_output_element_type(0) == ov.Type.f32:
-        return values[0].astype(np.float32), integers
+        return values[0].astype(np.float32), widest
     if kind == "Subtract":
-        return np.subtract(values[0], values[1], dtype=np.float32), integers
+        return np.subtract(values[0], values[1], dtype=np.float32), widest
     if kind == "Multiply":
-        return np.multiply(values[0], values[1], dtype=np.float32), integers
+        return np.multiply(values[0], values[1], dtype=np.float32), widest
+    if kind == "FakeQuantize":
+        levels = int(node.get_levels())
+        return _fake_quantize(*values, levels), max(widest, levels // 2)
     if kind == "Transpose":
-        return np.transpose(values[0], values[1]), integers
+        return np.transpose(values[0], values[1]), widest
     if kind in ("Reshape", "Squeeze", "Unsqueeze") and node.get_output_partial_shape(0).is_static:
-        return values[0].reshape(tuple(node.get_output_shape(0))), integers
+        return values[0].reshape(tuple(node.get_output_shape(0))), widest
     return None
+
+
+def _fake_quantize(
+    x: np.ndarray, in_low: np.ndarray, in_high: np.ndarray, out_low: np.ndarray, out_high: np.ndarray, levels: int
+) -> np.ndarray:
+    """OpenVINO's FakeQuantize, in f32, rounding half to even as PyTorch's quantize does."""
+    x, in_low, in_high = (np.asarray(a, dtype=np.float32) for a in (x, in_low, in_high))
+    out_low, out_high = (np.asarray(a, dtype=np.float32) for a in (out_low, out_high))
+    steps = np.float32(levels - 1)
+    q = np.rint((x - in_low) / (in_high - in_low) * steps) / steps * (out_high - out_low) + out_low
+    return np.where(x <= np.minimum(in_low, in_high), out_low, np.where(x > np.maximum(in_low, in_high), out_high, q))
