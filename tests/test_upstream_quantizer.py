@@ -8,6 +8,8 @@ other tests.
 
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -17,6 +19,10 @@ import pytest
 pytest.importorskip("nncf", reason="OpenVINOQuantizer needs nncf: pip install -e '.[quantize]'")
 
 pytestmark = pytest.mark.slow  # NNCF calibration and ResNet-18 in fresh interpreters
+
+# Under .ci/avx2 the fresh interpreters run on the emulated CPU too (QEMU's user mode does not follow exec).
+EMULATOR = shlex.split(os.environ.get("AVX2_EMULATOR", ""))
+TIMEOUT = 3000 if EMULATOR else 600
 
 
 SCRIPT = textwrap.dedent(
@@ -91,7 +97,11 @@ SCRIPT = textwrap.dedent(
 )
 def test_openvino_quantizer_lowers_with_this_backend(name: str, mode: str, fold: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, name, mode, fold], capture_output=True, text=True, timeout=600, check=False
+        [*EMULATOR, sys.executable, "-c", SCRIPT, name, mode, fold],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "LOWERED HERE" in result.stdout
@@ -128,6 +138,8 @@ def test_the_partitioner_decides_which_preprocess_lowers() -> None:
         print("ROUTED")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [*EMULATOR, sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ROUTED" in result.stdout
