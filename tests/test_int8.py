@@ -188,7 +188,7 @@ def test_eight_bit_weights_without_vnni_run_in_openvino_in_float_and_say_so(capl
     assert "no VNNI" in messages and "weight_bits=7" in messages, messages
 
 
-@pytest.mark.skipif(int8_weight_bits() < 8, reason="without VNNI the numerical check judges 8-bit weights here")
+@pytest.mark.skipif(int8_weight_bits() < 8, reason="no VNNI here: 8-bit weights are dequantized at export")
 def test_eight_bit_weights_are_announced_as_wrong_on_cpus_without_vnni(caplog) -> None:
     model, x = SmallCNN().eval(), torch.randn(2, 3, 16, 16)
     calibration = [(torch.randn_like(x),) for _ in range(8)]
