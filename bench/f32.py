@@ -38,7 +38,10 @@ def f32_environment(directory: Path) -> dict[str, str]:
     if not (package / "libs" / "plugins.xml").exists():
         shutil.copytree(spec.submodule_search_locations[0], package, dirs_exist_ok=True)
         (package / "libs" / "plugins.xml").write_text(PLUGINS_XML)
-    (c_library,) = sorted((package / "libs").glob("libopenvino_c.so*"))[:1]
+    c_libraries = sorted((package / "libs").glob("libopenvino_c.so*"))
+    if not c_libraries:
+        raise RuntimeError(f"no libopenvino_c.so in {package / 'libs'}: the openvino package is incomplete")
+    c_library = c_libraries[0]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(directory), *filter(None, [env.get("PYTHONPATH")])])
     # ExecuTorch's runtime dlopens the C library this names (its Python binding sets it once,
