@@ -9,19 +9,16 @@ in float; so does OpenVINO when the weight reaches it as a float constant
 (its low-precision transformations then leave the layer in float, the
 activations still quantized by their FakeQuantize). The weight's dequantize
 (``Convert`` -> ``Subtract`` -> ``Multiply``, what ``DecomposeStoredDequantizePass``
-writes of a stored int8 weight) is evaluated here in f32, as PyTorch
+writes of a stored int8 weight, or the ``FakeQuantize`` the frontend writes of
+a weight quantized in the graph) is evaluated here in f32, as PyTorch
 evaluates it, and the layer reads the result: exact, delegated, not INT8-fast.
 """
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import openvino as ov
 import openvino.opset13 as opset
-
-logger = logging.getLogger(__name__)
 
 # Layers OpenVINO's low-precision transformations turn into INT8 kernels, by their weight input.
 _WEIGHTED = {
