@@ -377,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only decode from a plain Python process that imported PyTorch (no OMP_WAIT_POLICY)",
     )
     parser.add_argument(
+        "--pt2e-weights",
+        action="store_true",
+        help="only 4-bit weights from export-llm against NNCF's compress_pt2e with OpenVINOQuantizer",
+    )
+    parser.add_argument(
         "--families", action="store_true", help="only every causal-LM family of transformers through export-llm"
     )
     parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
@@ -408,6 +413,13 @@ def main(argv: list[str] | None = None) -> int:
         with nncf_off_stdout():
             rows, what = bench_threads()
         print(f"\nDecode from a fresh Python process that imported PyTorch: {what}")
+        print(tabulate(rows, headers=HEADERS))
+        return 0
+    if args.pt2e_weights:
+        from bench.pt2e_weights import HEADERS, bench_pt2e_weights
+
+        rows, what = bench_pt2e_weights()
+        print(f"\n4-bit weights, two ways to compress them: {what}")
         print(tabulate(rows, headers=HEADERS))
         return 0
     if args.families:

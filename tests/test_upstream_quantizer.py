@@ -143,3 +143,81 @@ def test_the_partitioner_decides_which_preprocess_lowers() -> None:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ROUTED" in result.stdout
+
+
+COMPRESS_PT2E = textwrap.dedent(
+    """
+    import collections, json, sys, tempfile
+    from pathlib import Path
+    import torch
+    import openvino as ov
+    import openvino_backend.lowering.preprocess as ours
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from openvino_backend.llm.export import export_decoder, export_graph, lower_graph
+    from openvino_backend.llm.generate import Generator
+    from openvino_backend.llm.models import load_decoder
+
+    lowered_here = []
+    validate = ours.validate_compiled
+    ours.validate_compiled = lambda *args, **kwargs: (lowered_here.append(1), validate(*args, **kwargs))[1]
+
+    directory = Path(tempfile.mkdtemp())
+    (directory / "params.json").write_text(json.dumps({"dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+                                                       "vocab_size": 512}))
+    decoder = load_decoder(directory / "params.json", max_context=64)
+
+    # What export_llama's --pt2e_quantize openvino_4wo does, then this backend's lowering.
+    import nncf.experimental.torch.fx
+    from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
+
+    exported = export_graph(decoder)  # f32, prompts of any length
+    quantizer = OpenVINOQuantizer(mode=QuantizationMode.INT4WO_SYM, group_size=128, ratio=1)
+    with torch.no_grad():
+        compressed = nncf.experimental.torch.fx.compress_pt2e(exported.module(), quantizer=quantizer)
+        shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None)
+        regraphed = torch.export.export(compressed, exported.example_inputs[0], dynamic_shapes=shapes)
+    theirs = lower_graph(regraphed, decoder)
+    assert lowered_here, "this package's preprocess did not lower the compressed graph"
+    recipe = export_decoder(decoder, weights="int4")  # export-llm --weights int4
+
+    def compiled(buffer):
+        program = deserialize_pte_binary(buffer)
+        program = getattr(program, "program", program)
+        assert len(program.backend_delegate_data) == 1, len(program.backend_delegate_data)
+        model = ov.Core().import_model(bytes(program.backend_delegate_data[0].data), "CPU").get_runtime_model()
+        layers = collections.Counter(op.get_rt_info()["layerType"].astype(str) for op in model.get_ops())
+        constants = collections.Counter(
+            str(op.get_output_element_type(0)) for op in model.get_ops()
+            if op.get_rt_info()["layerType"].astype(str) == "Const"
+        )
+        return layers, constants
+
+    layers, constants = compiled(theirs.buffer)
+    assert (layers, constants) == compiled(recipe.buffer), (layers, constants, compiled(recipe.buffer))
+    assert layers["FullyConnected"] >= 2 * 4 and constants["<Type: 'int4_t'>"] >= 2 * 4, (layers, constants)
+    assert len(theirs.buffer) <= 1.05 * len(recipe.buffer), (len(theirs.buffer), len(recipe.buffer))
+
+    for name, program in (("theirs", theirs), ("recipe", recipe)):
+        (directory / f"{name}.pte").write_bytes(program.buffer)
+    tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = compressed(tokens, torch.tensor([0]))[-1]
+    got = Generator(directory / "theirs.pte")(tokens[0].tolist())
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.99
+    same = Generator(directory / "recipe.pte")(tokens[0].tolist())
+    assert torch.equal(got, same), (got - same).abs().max().item()  # the same weights, the same program
+    print("AS THE RECIPE")
+    """
+)
+
+
+def test_weights_compressed_by_compress_pt2e_lower_to_the_program_export_llm_writes() -> None:
+    """A decoder whose weights NNCF's ``compress_pt2e`` compressed with ``OpenVINOQuantizer``'s
+    INT4WO_SYM (ExecuTorch's ``export_llama --pt2e_quantize openvino_4wo``) lowers with this backend
+    to the compiled program ``export-llm --weights int4`` gives: one delegate, the same OpenVINO
+    layers and 4-bit constants (so the same speed), logits of the compressed model."""
+    result = subprocess.run(
+        [*EMULATOR, sys.executable, "-c", COMPRESS_PT2E], capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "AS THE RECIPE" in result.stdout
