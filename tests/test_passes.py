@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ov_ops
 import pytest
 import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import Dim
 
+from openvino_backend.lowering.convert import convert
+from openvino_backend.lowering.expand_broadcast import expands_as_numpy_broadcasts
 from openvino_backend.lowering.passes import prepare_for_frontend
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.tools.verify import check_run, lower_exported
@@ -18,10 +23,14 @@ BATCH = Dim("batch", min=1, max=8)
 _EDGE = exir_ops.edge.aten
 
 
-def _frontend_graph(program) -> torch.fx.Graph:
-    """The graph preprocess hands the frontend for the program's one partition."""
+def _frontend_graph_module(program) -> torch.fx.GraphModule:
+    """The graph module preprocess hands the frontend for the program's one partition."""
     lowered = program.exported_program().graph_module.lowered_module_0
-    return prepare_for_frontend(copy.deepcopy(lowered.original_module.graph_module)).graph
+    return prepare_for_frontend(copy.deepcopy(lowered.original_module.graph_module))
+
+
+def _frontend_graph(program) -> torch.fx.Graph:
+    return _frontend_graph_module(program).graph
 
 
 def _assert_right_at(module: torch.nn.Module, buffer: bytes, inputs: list[list[torch.Tensor]]) -> None:
@@ -231,3 +240,68 @@ def test_a_stored_dequantize_with_a_zero_point_converts_and_computes_it() -> Non
     (subtract,) = graph.find_nodes(op="call_function", target=_EDGE.sub.Tensor)
     assert subtract.args[1] == 3
     _assert_right_at(module, program.buffer, [[x]])
+
+
+class GroupedHeads(torch.nn.Module):
+    """Grouped-query attention's key expansion: 2 key heads, each repeated 3 times, at any length."""
+
+    def __init__(self, keep: bool = False) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, heads, length, width = x.shape
+        y = x.unsqueeze(2)
+        y = y.expand(-1, -1, 3, -1, -1) if self.keep else y.expand(batch, heads, 3, length, width)
+        return y.reshape(batch, heads * 3, length, width) * 2
+
+
+def _broadcast_modes(model: ov.Model) -> list[str]:
+    return [str(op.get_attributes()["mode"]) for op in model.get_ops() if op.get_type_name() == "Broadcast"]
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["sizes", "minus-one"])
+def test_an_expand_reaches_openvino_as_a_numpy_broadcast(keep: bool) -> None:
+    """A bidirectional Broadcast with a dynamic target is run by OpenVINO's CPU plugin as a Multiply
+    by a broadcast tensor of ones; an expand reaches it as a NUMPY Broadcast instead, its ``-1``
+    sizes (what ``torch.export`` writes for a dynamic dim the expand keeps) read from the input's
+    shape. The program computes what PyTorch does at every size."""
+    module = GroupedHeads(keep=keep).eval()
+    x = torch.randn(2, 2, 5, 8)
+    exported = torch.export.export(module, (x,), dynamic_shapes=({0: BATCH, 2: Dim("seq", max=64)},))
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    (expand,) = _frontend_graph(program).find_nodes(op="call_function", target=_EDGE.expand_copy.default)
+    assert -1 in expand.args[1], "export no longer writes -1 sizes: the case this test is for is gone"
+    assert _broadcast_modes(convert(_frontend_graph_module(program))) == ["numpy"]
+    _assert_right_at(module, program.buffer, [[torch.randn(size)] for size in [(1, 2, 1, 8), (3, 2, 17, 8)]])
+
+
+def test_only_sizes_that_cannot_be_minus_one_become_a_numpy_broadcast() -> None:
+    """Sizes read from a shape or given as constants are rewritten (a constant ``-1`` as the input's
+    dim); a ``-1`` computed, or where the expand adds a dim, or a size computed by arithmetic is
+    left to the bidirectional rule."""
+    x = ov_ops.parameter([-1, 1, 4], ov.Type.f32)
+    rows = ov_ops.gather(ov_ops.shape_of(x), ov_ops.constant([0]), ov_ops.constant(0))
+    cases = {
+        "shape": (ov_ops.concat([rows, ov_ops.constant(np.array([3, 4], dtype=np.int64))], 0), "numpy"),
+        "constant minus-one": (ov_ops.constant(np.array([-1, 3, 4])), "numpy"),
+        "minus-one": (ov_ops.concat([ov_ops.constant([-1]), ov_ops.constant(np.array([3, 4]))], 0), "bidirectional"),
+        "minus-one added": (ov_ops.constant(np.array([-1, 5, 3, 4])), "bidirectional"),
+        "arithmetic": (
+            ov_ops.concat([ov_ops.add(rows, ov_ops.constant([0])), ov_ops.constant([3, 4])], 0),
+            "bidirectional",
+        ),
+    }
+    for name, (sizes, mode) in cases.items():
+        expanded = ov_ops.multiply(
+            ov.opset3.broadcast(x, ov_ops.absolute(sizes), broadcast_spec="BIDIRECTIONAL"),
+            ov_ops.constant(np.float32(2)),
+        )
+        model = ov.Model([expanded], [x])
+        assert _broadcast_modes(model) == ["bidirectional"], name
+        data = np.random.default_rng(0).standard_normal((5, 1, 4)).astype(np.float32)
+        want = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([data])[0]
+        expands_as_numpy_broadcasts(model)
+        assert _broadcast_modes(model) == [mode], (name, _broadcast_modes(model))
+        got = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([data])[0]
+        np.testing.assert_array_equal(got, want, err_msg=name)
