@@ -14,6 +14,7 @@ from torch.export import Dim
 
 from openvino_backend.lowering.convert import convert
 from openvino_backend.lowering.expand_broadcast import expands_as_numpy_broadcasts
+from openvino_backend.lowering.grouped_attention import ungroup_attention
 from openvino_backend.lowering.passes import prepare_for_frontend
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.tools.verify import check_run, lower_exported
@@ -305,3 +306,73 @@ def test_only_sizes_that_cannot_be_minus_one_become_a_numpy_broadcast() -> None:
         assert _broadcast_modes(model) == [mode], (name, _broadcast_modes(model))
         got = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([data])[0]
         np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+class GroupedQueryAttention(torch.nn.Module):
+    """Attention with 6 query heads over 2 key/value heads, each repeated for its group of 3 (as
+    ``repeat_kv`` in transformers), under a mask of the given form."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        batch, heads, length, width = k.shape
+        k = k[:, :, None].expand(batch, heads, 3, length, width).reshape(batch, heads * 3, length, width)
+        v = v[:, :, None].expand(batch, heads, 3, length, width).reshape(batch, heads * 3, length, width)
+        if self.mask == "causal":
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.mask == "boolean":
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m > 0)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+def _grouped_inputs(queries: int, mask_heads: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(queries)
+    q, k, v = (torch.randn(1, heads, n, 16, generator=generator) for heads, n in ((6, queries), (2, 12), (2, 12)))
+    mask = torch.randn(1, mask_heads, queries, 12, generator=generator)
+    mask[..., -3:] = -torch.inf  # keys no query sees, as a cache's unwritten positions
+    return [q, k, v, mask]
+
+
+@pytest.mark.parametrize(
+    ("mask", "mask_heads", "grouped"),
+    [("additive", 1, True), ("boolean", 1, True), ("per head", 6, False), ("causal", 1, True)],
+)
+def test_grouped_query_attention_reads_each_key_and_value_head_once(mask: str, mask_heads: int, grouped: bool) -> None:
+    """Key and value heads repeated for their query heads reach OpenVINO's attention unrepeated, the
+    queries of a group as one run of rows, the mask's rows repeated to match (a causal attention's
+    too, which the frontend writes as a mask): what eager computes, at one query (decode) and
+    several. A mask per head is left as it was."""
+    module = GroupedQueryAttention(mask).eval()
+    inputs = _grouped_inputs(4, mask_heads)
+    queries = Dim("queries", min=1, max=32)
+    shapes = ({2: queries}, None, None, {2: queries})
+    exported = torch.export.export(module, tuple(inputs), dynamic_shapes=shapes)
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    model = convert(_frontend_graph_module(program))
+    (attention,) = [op for op in model.get_ops() if op.get_type_name() == "ScaledDotProductAttention"]
+    key_heads = attention.get_input_partial_shape(1)[1].get_length()
+    assert key_heads == (2 if grouped else 6), key_heads
+    repeats = [
+        op for op in model.get_ops() if op.get_type_name() == "Broadcast" and len(op.get_output_partial_shape(0)) == 5
+    ]
+    assert (not repeats) == grouped, repeats  # keys and values repeated per query head, or not
+    _assert_right_at(module, program.buffer, [_grouped_inputs(n, mask_heads) for n in (1, 4, 9)])
+
+
+def test_an_attention_causal_by_attribute_keeps_its_repeated_heads() -> None:
+    """OpenVINO builds a causal attention's mask from the row index: with a group's queries as one
+    run of rows, row ``g*L + l`` would be masked as position ``g*L + l``. Such an attention is left
+    as it is."""
+    q = ov_ops.parameter([1, 6, -1, 16], ov.Type.f32)
+    k = ov_ops.parameter([1, 2, 12, 16], ov.Type.f32)
+    repeated = ov_ops.reshape(
+        ov_ops.broadcast(ov_ops.unsqueeze(k, ov_ops.constant([2])), ov_ops.constant(np.array([1, 2, 3, 12, 16]))),
+        ov_ops.constant(np.array([1, 6, 12, 16])),
+        special_zero=False,
+    )
+    for causal, grouped in ((True, 0), (False, 1)):
+        attention = ov_ops.scaled_dot_product_attention(q, repeated, repeated, causal=causal)
+        model = ov.Model([attention], [q, k])
+        assert ungroup_attention(model) == grouped, causal
