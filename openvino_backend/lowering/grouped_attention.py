@@ -35,7 +35,7 @@ def ungroup_attention(model: ov.Model) -> int:
     """Rewrite, in place, each attention reading repeated key/value heads to read them once; how
     many were rewritten."""
     rewritten = 0
-    masks: dict[tuple[str, int, int], ov.Output] = {}  # layers sharing a mask share its grouped form
+    masks: dict[tuple[ov.Output, int], ov.Output] = {}  # layers sharing a mask share its grouped form
     for node in model.get_ordered_ops():
         if node.get_type_name() != "ScaledDotProductAttention" or node.get_attributes().get("causal", False):
             continue
@@ -50,7 +50,7 @@ def ungroup_attention(model: ov.Model) -> int:
         inputs = [opset.reshape(query, int_constant([0, heads, -1, 0]), special_zero=True).output(0), keys, values]
         if node.get_input_size() > 3:
             source = node.input_value(3)
-            known = (source.get_node().get_friendly_name(), source.get_index(), group)
+            known = (source, group)
             mask = masks.get(known) if known in masks else _rows_per_group(source, group)
             if mask is None:
                 continue
