@@ -17,6 +17,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from openvino_backend.llm.models import Decoder
 
 # SmolLM2-135M's shape at 12 layers (random weights).
 PARAMS = {
@@ -35,28 +41,36 @@ FLOWS = ("export-llm --weights int4", "compress_pt2e + OpenVINOQuantizer INT4WO_
 HEADERS = ("weights compressed by", ".pte MB", "prefill ms", "decode ms", "over export-llm")
 
 
+def compress_pt2e_int4(decoder: Decoder, group_size: int) -> tuple[torch.export.ExportedProgram, torch.fx.GraphModule]:
+    """``decoder``'s exported graph (prompts of any length) with its weights compressed as
+    ``export_llama --pt2e_quantize openvino_4wo`` compresses them: NNCF's ``compress_pt2e`` with
+    ``OpenVINOQuantizer(mode=INT4WO_SYM)``; the ``torch.export.ExportedProgram`` ``lower_graph``
+    takes, and the compressed module (the eager reference). Loads ExecuTorch's own backend class."""
+    import nncf.experimental.torch.fx
+    import torch
+    from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
+
+    from openvino_backend.llm.export import export_graph
+
+    exported = export_graph(decoder)
+    quantizer = OpenVINOQuantizer(mode=QuantizationMode.INT4WO_SYM, group_size=group_size, ratio=1)
+    with torch.no_grad():
+        compressed = nncf.experimental.torch.fx.compress_pt2e(exported.module(), quantizer=quantizer)
+        shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None)
+        return torch.export.export(compressed, exported.example_inputs[0], dynamic_shapes=shapes), compressed
+
+
 def _write(flow: str, params: Path, out: Path) -> None:
     """Lower the decoder at ``params`` with its weights compressed by ``flow`` and write ``out``."""
-    import torch
-
-    from openvino_backend.llm.export import export_decoder, export_graph, lower_graph
+    from openvino_backend.llm.export import export_decoder, lower_graph
     from openvino_backend.llm.models import load_decoder
     from openvino_backend.program import write_program
 
     decoder = load_decoder(params, max_context=PARAMS["max_seq_len"])
     if flow == FLOWS[0]:
         write_program(export_decoder(decoder, weights="int4"), out)
-        return
-    import nncf.experimental.torch.fx
-    from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
-
-    exported = export_graph(decoder)
-    quantizer = OpenVINOQuantizer(mode=QuantizationMode.INT4WO_SYM, group_size=64, ratio=1)  # 576 = 9 x 64
-    with torch.no_grad():
-        compressed = nncf.experimental.torch.fx.compress_pt2e(exported.module(), quantizer=quantizer)
-        shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None)
-        regraphed = torch.export.export(compressed, exported.example_inputs[0], dynamic_shapes=shapes)
-    write_program(lower_graph(regraphed, decoder), out)
+    else:
+        write_program(lower_graph(compress_pt2e_int4(decoder, group_size=64)[0], decoder), out)  # 576 = 9 x 64
 
 
 def _run(args: list[str]) -> str:

@@ -153,7 +153,7 @@ COMPRESS_PT2E = textwrap.dedent(
     import openvino as ov
     import openvino_backend.lowering.preprocess as ours
     from executorch.exir._serialize._program import deserialize_pte_binary
-    from openvino_backend.llm.export import export_decoder, export_graph, lower_graph
+    from openvino_backend.llm.export import export_decoder, lower_graph
     from openvino_backend.llm.generate import Generator
     from openvino_backend.llm.models import load_decoder
 
@@ -167,15 +167,9 @@ COMPRESS_PT2E = textwrap.dedent(
     decoder = load_decoder(directory / "params.json", max_context=64)
 
     # What export_llama's --pt2e_quantize openvino_4wo does, then this backend's lowering.
-    import nncf.experimental.torch.fx
-    from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
+    from bench.pt2e_weights import compress_pt2e_int4
 
-    exported = export_graph(decoder)  # f32, prompts of any length
-    quantizer = OpenVINOQuantizer(mode=QuantizationMode.INT4WO_SYM, group_size=128, ratio=1)
-    with torch.no_grad():
-        compressed = nncf.experimental.torch.fx.compress_pt2e(exported.module(), quantizer=quantizer)
-        shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None)
-        regraphed = torch.export.export(compressed, exported.example_inputs[0], dynamic_shapes=shapes)
+    regraphed, compressed = compress_pt2e_int4(decoder, group_size=128)
     theirs = lower_graph(regraphed, decoder)
     assert lowered_here, "this package's preprocess did not lower the compressed graph"
     recipe = export_decoder(decoder, weights="int4")  # export-llm --weights int4
