@@ -111,4 +111,6 @@ def bench_pt2e_weights() -> tuple[list[list[object]], str]:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] not in ("0", "1"):
+        sys.exit("usage (the bench's child): python -m bench.pt2e_weights 0|1 PARAMS.json OUT.pte")
     _write(FLOWS[int(sys.argv[1])], Path(sys.argv[2]), Path(sys.argv[3]))
