@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.decode import _decode_ms, _prefill
+from bench.decode import decode_ms, prefill
 
 from executorch.runtime import Runtime  # isort: skip (bench.decode sets OMP_WAIT_POLICY first)
 
@@ -31,13 +31,13 @@ def main() -> int:
     prompt = [int(t) for t in args.prompt.split(",")]
     programs = [Runtime.get().load_program(Path(path)) for path in (args.a, args.b)]  # held while they run
     methods = [program.load_method("forward") for program in programs]
-    first = [_prefill(method, prompt, one_call=True)[0] for method in methods]  # each shape's set-up, once
+    first = [prefill(method, prompt, one_call=True)[0] for method in methods]  # each shape's set-up, once
     difference = (first[0] - first[1]).abs().max().item()
     figures: list[list[tuple[float, float]]] = [[], []]
     for _ in range(args.rounds):
         for method, rows in zip(methods, figures, strict=True):
-            logits, prefill = _prefill(method, prompt, one_call=True)
-            rows.append((prefill, _decode_ms(method, logits, len(prompt), args.steps)))
+            logits, prefill_ms = prefill(method, prompt, one_call=True)
+            rows.append((prefill_ms, decode_ms(method, logits, len(prompt), args.steps)))
     print(f"A {args.a}\nB {args.b}\nfirst logits, largest difference: {difference:.3g}")
     for name, index in (("prefill", 0), ("decode", 1)):
         a = statistics.median(row[index] for row in figures[0])

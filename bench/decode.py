@@ -36,8 +36,8 @@ def token_per_call_ms(buffer: bytes, prompt: Sequence[int], steps: int = STEPS) 
     prompt fed a token per call, each next token the argmax of the last logits."""
     program = Runtime.get().load_program(buffer)  # held while its method runs
     method = program.load_method("forward")
-    logits, _ = _prefill(method, prompt, one_call=False)
-    return _decode_ms(method, logits, len(prompt), steps)
+    logits, _ = prefill(method, prompt, one_call=False)
+    return decode_ms(method, logits, len(prompt), steps)
 
 
 def measure_file(path: str, prompt: Sequence[int], one_call_prefill: bool, steps: int = STEPS) -> dict[str, float]:
@@ -46,13 +46,13 @@ def measure_file(path: str, prompt: Sequence[int], one_call_prefill: bool, steps
     memory of this process in MB."""
     program = Runtime.get().load_program(Path(path))  # from its file, as deployments; held while it runs
     method = program.load_method("forward")
-    _prefill(method, prompt, one_call_prefill)  # the first call at a shape pays OpenVINO's set-up
-    logits, prefill_ms = _prefill(method, prompt, one_call_prefill)
-    decode_ms = _decode_ms(method, logits, len(prompt), steps)
-    return {"prefill_ms": prefill_ms, "decode_ms": decode_ms, "peak_mb": peak_mb()}
+    prefill(method, prompt, one_call_prefill)  # the first call at a shape pays OpenVINO's set-up
+    logits, prefill_ms = prefill(method, prompt, one_call_prefill)
+    decode = decode_ms(method, logits, len(prompt), steps)
+    return {"prefill_ms": prefill_ms, "decode_ms": decode, "peak_mb": peak_mb()}
 
 
-def _prefill(method: object, prompt: Sequence[int], one_call: bool) -> tuple[torch.Tensor, float]:
+def prefill(method: object, prompt: Sequence[int], one_call: bool) -> tuple[torch.Tensor, float]:
     """The last logits after ``prompt`` from position 0 (in one call, or a token per call), and ms."""
     start = time.perf_counter()
     if one_call:
@@ -63,7 +63,7 @@ def _prefill(method: object, prompt: Sequence[int], one_call: bool) -> tuple[tor
     return logits, 1000 * (time.perf_counter() - start)
 
 
-def _decode_ms(method: object, logits: torch.Tensor, position: int, steps: int) -> float:
+def decode_ms(method: object, logits: torch.Tensor, position: int, steps: int) -> float:
     """Median ms of ``steps`` one-token calls from ``position``, each token the last logits' argmax."""
     times = []
     for _ in range(steps):
