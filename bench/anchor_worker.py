@@ -1,0 +1,156 @@
+"""One LLM measured in its own process: ours (a ``.pte``), OpenVINO GenAI, or llama.cpp.
+
+``python bench/anchor_worker.py KIND MODEL --prompt IDS --tokens N --context C``, run by
+``bench/anchors.py`` with the interpreter of the environment KIND needs (ours: this
+project's; GenAI and llama.cpp: the anchors' own). It imports only the library it
+measures, so a contender never shares a process, or a thread pool, with another.
+
+Every contender gets the same token ids (no tokenizer on the timed path): a warm-up
+generation first (the first call at a shape pays its compilation), then the prompt
+from position 0 in one call (prefill ms), then ``N`` greedy tokens, end-of-sequence
+ignored (the median ms of one token). One JSON line on stdout: ``prefill_ms``,
+``decode_ms``, ``peak_mb`` (this process's peak resident memory), ``tokens``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+WARM_TOKENS = 4
+
+
+def peak_mb() -> float:
+    """This process's peak resident memory in MB (``VmHWM``: from this exec on)."""
+    status = Path("/proc/self/status").read_text()
+    return float(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+
+def ours(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
+    """A ``.pte`` from ``export-llm``, loaded from its file and run by ``Generator``, as ``generate`` runs it."""
+    # As bench/__init__.py: PyTorch's idle OpenMP workers sleep (set before torch loads). Ours only:
+    # llama.cpp's own OpenMP threads wait for work between its steps, and passive waiting slows them.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from openvino_backend.llm.generate import Generator
+    from openvino_backend.runtime import torch_workers_idle
+
+    generator = Generator(Path(model))
+
+    def run(count: int) -> tuple[float, list[float], list[int]]:
+        generator.position = 0  # a new prompt from position 0 in the same program
+        start = time.perf_counter()
+        logits = generator(prompt)
+        prefill = 1000 * (time.perf_counter() - start)
+        times, chosen = [], []
+        for _ in range(count):
+            chosen.append(int(logits.argmax()))
+            start = time.perf_counter()
+            logits = generator(chosen[-1:])
+            times.append(1000 * (time.perf_counter() - start))
+        return prefill, times, chosen
+
+    with torch_workers_idle():
+        run(WARM_TOKENS)
+        return _answer(*run(tokens))
+
+
+def genai(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
+    """OpenVINO GenAI's ``LLMPipeline`` on an ``optimum-cli export openvino`` directory, on the CPU with its
+    defaults; the prompt given as token ids, greedy, end-of-sequence ignored. A token's ms is the time
+    between two of the streamer's calls (GenAI calls it once per token)."""
+    import openvino as ov
+    import openvino_genai
+
+    pipeline = openvino_genai.LLMPipeline(model, "CPU")
+    ids = ov.Tensor(_int64([list(prompt)]))
+    inputs = openvino_genai.TokenizedInputs(ids, ov.Tensor(_int64([[1] * len(prompt)])))
+
+    def run(count: int) -> tuple[float, list[float], list[int]]:
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens = count + 1
+        config.ignore_eos = True
+        config.do_sample = False
+        stamps: list[float] = []
+
+        def streamer(_: object) -> openvino_genai.StreamingStatus:
+            stamps.append(time.perf_counter())
+            return openvino_genai.StreamingStatus.RUNNING
+
+        result = pipeline.generate(inputs, config, streamer=streamer)
+        prefill = result.perf_metrics.get_ttft().mean
+        times = [1000 * (b - a) for a, b in itertools.pairwise(stamps)]
+        return prefill, times, [int(t) for t in result.tokens[0][:count]]
+
+    run(WARM_TOKENS)
+    return _answer(*run(tokens))
+
+
+def llamacpp(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
+    """llama.cpp (``llama-cpp-python``) on the GGUF file, two threads for decode and prefill."""
+    import llama_cpp
+    import numpy as np
+
+    threads = len(os.sched_getaffinity(0))
+    llm = llama_cpp.Llama(model_path=model, n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+    def run(count: int) -> tuple[float, list[float], list[int]]:
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(list(prompt))
+        prefill = 1000 * (time.perf_counter() - start)
+        times, chosen = [], []
+        for _ in range(count):
+            last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+            chosen.append(int(np.argmax(last)))
+            start = time.perf_counter()
+            llm.eval(chosen[-1:])
+            times.append(1000 * (time.perf_counter() - start))
+        return prefill, times, chosen
+
+    run(WARM_TOKENS)
+    return _answer(*run(tokens))
+
+
+def _int64(rows: list[list[int]]) -> object:
+    import numpy as np
+
+    return np.array(rows, dtype=np.int64)
+
+
+def _answer(prefill: float, times: list[float], chosen: list[int]) -> dict:
+    return {"prefill_ms": prefill, "decode_ms": statistics.median(times), "peak_mb": peak_mb(), "tokens": chosen}
+
+
+KINDS = {"ours": ours, "genai": genai, "llamacpp": llamacpp}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="bench/anchor_worker.py")
+    parser.add_argument("kind", choices=sorted(KINDS))
+    parser.add_argument("model", help="the .pte, the optimum-cli directory or the GGUF file")
+    parser.add_argument("--prompt", required=True, help="token ids, comma-separated")
+    parser.add_argument("--tokens", type=int, default=64, help="greedy tokens after the prompt")
+    parser.add_argument("--context", type=int, default=2048, help="llama.cpp's context")
+    args = parser.parse_args()
+    out = os.fdopen(os.dup(1), "w", buffering=1)  # the answer; what the libraries print goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    prompt = [int(t) for t in args.prompt.split(",")]
+    try:
+        answer = KINDS[args.kind](args.model, prompt, args.tokens, args.context)
+    except Exception as error:  # reported as the bench's cell
+        answer = {"error": f"{type(error).__name__}: {error}"}
+    print(json.dumps(answer), file=out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

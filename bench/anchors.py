@@ -1,0 +1,276 @@
+"""Ours against what an OpenVINO user and a llama.cpp user run, on the same checkpoint.
+
+``python -m bench --llm --anchors [--working-size]``. The anchors:
+
+* OpenVINO GenAI's ``LLMPipeline`` (the same OpenVINO) on the model ``optimum-cli export
+  openvino --task text-generation-with-past`` writes, its weights ``fp32``, ``int8 --sym`` or
+  ``int4 --sym --group-size 128 --ratio 1.0`` (``--group-size-fallback adjust``: 576, the
+  model's width, is not a multiple of 128; ``export-llm`` adjusts the same way);
+* llama.cpp (``llama-cpp-python``) on the GGUF file the checkpoint comes from (Q4_1).
+
+They live in an environment of their own, made on first use under
+``~/.cache/openvino_backend/anchors`` (``ANCHOR_PACKAGES``): optimum-intel 2.2 requires
+``transformers<5.6``, and the recipe is tested with newer; nothing of theirs enters the
+package's dependencies.
+
+SmolLM2-135M-Instruct (``bench/real_checkpoint.py``), ours exported with ``export-llm``'s
+defaults at context ``CONTEXT``: f32, int8 and int4 weights. With ``--working-size``, a
+Llama of dim 2048, 16 layers (32 query, 8 key heads), random weights, against GenAI only.
+Each contender runs in a fresh process per round (``bench/anchor_worker.py``), rounds
+interleaved: the prompt's prefill in one call, the median ms of a token over ``TOKENS``
+greedy tokens, the process's peak memory; ratios are the median of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+from bench.real_checkpoint import CACHE as SMOLLM2
+from bench.real_checkpoint import checkpoint_directory, gguf_file
+
+logger = logging.getLogger(__name__)
+
+ROOT = SMOLLM2.parent
+ENVIRONMENT = ROOT / "anchors" / "env"
+WORKER = Path(__file__).with_name("anchor_worker.py")
+# optimum-intel goes in on its own, without its dependencies: it requires torchvision, which no release
+# built for torch 2.13 satisfies here, and which its export of a decoder never imports.
+ANCHOR_PACKAGES = (
+    "torch==2.13.0",
+    "openvino==2026.4.1",
+    "openvino-tokenizers==2026.4.1.*",
+    "openvino-genai==2026.4.1.*",
+    "transformers>=4.51,<5.6",
+    "optimum~=2.3.0",
+    "nncf>=3.3",
+    "requests>=2.33,<3",
+    "setuptools",
+    "llama-cpp-python==0.3.36",
+)
+NO_DEPS = ("optimum-intel==2.2.0",)
+WEIGHTS = ("f32", "int8", "int4")
+OPTIMUM_WEIGHTS = {
+    "f32": ["--weight-format", "fp32"],
+    "int8": ["--weight-format", "int8", "--sym"],
+    "int4": ["--weight-format", "int4", "--sym", "--group-size", "128", "--ratio", "1.0"],
+}
+CONTEXT = 2048
+PROMPT_TOKENS = 56
+TOKENS = 64
+ROUNDS = 5
+WORKING = {
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 8192,
+    "vocab_size": 32000,
+    "max_position_embeddings": CONTEXT,
+}
+TEXT = (
+    "The history of the city begins in the third century, when a small settlement of fishermen grew along "
+    "the river. Over the next thousand years it became a center of trade, learning and art, and its "
+    "cathedral, libraries and markets drew travellers from every part of the continent and beyond."
+)
+HEADERS = (
+    "model",
+    "weights",
+    "ours decode ms",
+    "GenAI decode ms",
+    "ours / GenAI decode",
+    "ours prefill ms",
+    "GenAI prefill ms",
+    "ours / GenAI prefill",
+    "ours MB / GenAI MB",
+    "peak MB ours / GenAI",
+    "greedy tokens equal",
+)
+
+
+def anchors_python() -> Path:
+    """The anchors' interpreter, its environment made on first use."""
+    python = ENVIRONMENT / "bin" / "python"
+    done = ENVIRONMENT / "installed.json"
+    wanted = json.dumps([*ANCHOR_PACKAGES, *NO_DEPS])
+    if done.is_file() and done.read_text() == wanted:
+        return python
+    logger.warning("making the anchors' environment in %s (llama-cpp-python compiles: minutes)", ENVIRONMENT)
+    venv.create(ENVIRONMENT, with_pip=True, clear=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *ANCHOR_PACKAGES], check=True)
+    subprocess.run([*pip, "--no-deps", *NO_DEPS], check=True)
+    done.write_text(wanted)
+    return python
+
+
+def genai_model(checkpoint: Path, weights: str) -> Path:
+    """``optimum-cli export openvino`` of ``checkpoint`` with ``weights``, kept beside it."""
+    out = checkpoint.parent / "anchors" / f"{checkpoint.name}-genai-{weights}"
+    if (out / "openvino_model.xml").is_file():
+        return out
+    cli = anchors_python().parent / "optimum-cli"
+    command = [str(cli), "export", "openvino", "--model", str(checkpoint), "--task", "text-generation-with-past"]
+    command += [*OPTIMUM_WEIGHTS[weights], "--group-size-fallback", "adjust", str(out)]
+    logger.warning("exporting %s for GenAI (%s)", checkpoint.name, weights)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def our_program(checkpoint: Path, weights: str) -> Path:
+    """``export-llm``'s program of ``checkpoint`` with ``weights`` at context ``CONTEXT``, kept beside it."""
+    out = checkpoint.parent / "anchors" / f"{checkpoint.name}-ours-{weights}.pte"
+    if out.is_file():
+        return out
+    from openvino_backend.llm.export import export_decoder
+    from openvino_backend.llm.models import load_decoder
+
+    logger.warning("exporting %s with export-llm (%s)", checkpoint.name, weights)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    program = export_decoder(load_decoder(checkpoint, max_context=CONTEXT), weights=weights)
+    out.write_bytes(program.buffer)
+    return out
+
+
+def working_checkpoint() -> Path:
+    """A Llama at the working size (``WORKING``) with random weights (seed 0), as a Hugging Face directory."""
+    out = ROOT / "llama-2048x16"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**WORKING, tie_word_embeddings=False)).eval()
+    model.save_pretrained(out)
+    # GenAI's pipeline wants a tokenizer beside the model; no text passes through it here.
+    AutoTokenizer.from_pretrained(checkpoint_directory()).save_pretrained(out)
+    return out
+
+
+def prompt_ids(checkpoint: Path, vocab: int | None = None) -> list[int]:
+    """``PROMPT_TOKENS`` token ids of ``TEXT`` (every id below ``vocab``, if given)."""
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(checkpoint)(TEXT).input_ids
+    if len(ids) < PROMPT_TOKENS:
+        raise RuntimeError(f"the prompt text gives {len(ids)} tokens, fewer than {PROMPT_TOKENS}")
+    return [i % vocab if vocab else i for i in ids[:PROMPT_TOKENS]]
+
+
+def measure(kind: str, model: Path, prompt: list[int]) -> dict:
+    """One contender in a fresh process: its JSON answer (or ``error``)."""
+    python = sys.executable if kind == "ours" else str(anchors_python())
+    command = [python, str(WORKER), kind, str(model), "--prompt", ",".join(map(str, prompt))]
+    command += ["--tokens", str(TOKENS), "--context", str(CONTEXT)]
+    # The worker imports the package from its source tree, whichever directory the bench runs from.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    if kind != "ours":  # bench/__init__.py's passive OpenMP waiting is for PyTorch; llama.cpp's threads need theirs
+        env.pop("OMP_WAIT_POLICY", None)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        return {"error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:] or ''}"}
+    return json.loads(lines[-1])
+
+
+def _size_mb(path: Path) -> float:
+    if path.is_file():
+        return path.stat().st_size / 1e6
+    return sum(p.stat().st_size for p in path.glob("openvino_model.*")) / 1e6
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "n/a"
+
+
+def _equal_prefix(a: list[int], b: list[int]) -> str:
+    same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return "all" if same == len(a) == len(b) else f"first {same} of {len(a)}"
+
+
+def bench_anchors(working_size: bool = False) -> tuple[list[tuple], list[tuple], str]:
+    """Rows per (model, weights) against GenAI; llama.cpp's row against ours int4; what was run."""
+    smollm2 = checkpoint_directory()
+    models = [("SmolLM2-135M", smollm2, prompt_ids(smollm2))]
+    if working_size:
+        models.append(("Llama 2048x16", working_checkpoint(), prompt_ids(smollm2, WORKING["vocab_size"])))
+    contenders = []  # (model name, weights, kind, path, prompt)
+    for name, checkpoint, prompt in models:
+        for weights in WEIGHTS:
+            contenders.append((name, weights, "ours", our_program(checkpoint, weights), prompt))
+            contenders.append((name, weights, "genai", genai_model(checkpoint, weights), prompt))
+    llama = ("SmolLM2-135M", "Q4_1", "llamacpp", gguf_file(), models[0][2])
+    contenders.append(llama)
+    results: dict[tuple, list[dict]] = {c[:3]: [] for c in contenders}
+    for round_ in range(ROUNDS):
+        order = contenders[round_ % len(contenders) :] + contenders[: round_ % len(contenders)]
+        for name, weights, kind, path, prompt in order:
+            answer = measure(kind, path, prompt)
+            if "error" in answer:
+                logger.error("%s %s %s: %s", name, weights, kind, answer["error"])
+            results[(name, weights, kind)].append(answer)
+        logger.warning("round %d of %d done", round_ + 1, ROUNDS)
+
+    def ok(key: tuple) -> list[dict]:
+        return [a for a in results[key] if "error" not in a]
+
+    def ratios(a: tuple, b: tuple, field: str) -> list[float]:
+        return [x[field] / y[field] for x, y in zip(results[a], results[b], strict=True) if "error" not in x | y]
+
+    rows = []
+    for name, _, _ in models:
+        for weights in WEIGHTS:
+            ours, genai = (name, weights, "ours"), (name, weights, "genai")
+            a, b = ok(ours), ok(genai)
+            sizes = [_size_mb(c[3]) for c in contenders if c[:2] == (name, weights)]
+            rows.append(
+                (
+                    name,
+                    weights,
+                    _median([x["decode_ms"] for x in a]),
+                    _median([x["decode_ms"] for x in b]),
+                    _median(ratios(ours, genai, "decode_ms")),
+                    _median([x["prefill_ms"] for x in a]),
+                    _median([x["prefill_ms"] for x in b]),
+                    _median(ratios(ours, genai, "prefill_ms")),
+                    " / ".join(f"{s:.0f}" for s in sizes),
+                    f"{_median([x['peak_mb'] for x in a])} / {_median([x['peak_mb'] for x in b])}",
+                    _equal_prefix(a[0]["tokens"], b[0]["tokens"]) if a and b else "n/a",
+                )
+            )
+    ours4, cpp = ("SmolLM2-135M", "int4", "ours"), llama[:3]
+    c = ok(cpp)
+    llama_rows = [
+        (
+            "llama.cpp Q4_1",
+            _median([x["decode_ms"] for x in c]),
+            _median(ratios(ours4, cpp, "decode_ms")),
+            _median([x["prefill_ms"] for x in c]),
+            _median(ratios(ours4, cpp, "prefill_ms")),
+            f"{_size_mb(llama[3]):.0f}",
+            _median([x["peak_mb"] for x in c]),
+        )
+    ]
+    what = (
+        f"{PROMPT_TOKENS}-token prompt in one call, then {TOKENS} greedy tokens; ours at context {CONTEXT}; "
+        f"{ROUNDS} interleaved rounds, each contender a fresh process; ratios: median of per-round ratios"
+    )
+    return rows, llama_rows, what
+
+
+LLAMA_HEADERS = (
+    "anchor",
+    "decode ms",
+    "ours int4 / it, decode",
+    "prefill ms",
+    "ours int4 / it, prefill",
+    "MB",
+    "peak MB",
+)
