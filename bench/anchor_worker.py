@@ -6,10 +6,10 @@ project's; GenAI and llama.cpp: the anchors' own). It imports only the library i
 measures, so a contender never shares a process, or a thread pool, with another.
 
 Every contender gets the same token ids (no tokenizer on the timed path): a warm-up
-generation first from a prompt as long but with no prefix in common (the first call at a
-shape pays its compilation; GenAI caches prompt prefixes), then the prompt
-from position 0 in one call (prefill ms), then ``N`` greedy tokens, end-of-sequence
-ignored (the median ms of one token). One JSON line on stdout: ``prefill_ms``,
+generation first (the first call at a shape pays its compilation), then prompts as
+long from position 0 in one call (prefill ms: the median of three, no two with a prefix
+in common, since GenAI caches prompt prefixes), the last one the prompt itself, then
+``N`` greedy tokens, end-of-sequence ignored (the median ms of one token). One JSON line on stdout: ``prefill_ms``,
 ``decode_ms``, ``peak_mb`` (this process's peak resident memory), ``tokens``.
 """
 
@@ -23,10 +23,11 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 WARM_TOKENS = 4
+PREFILLS = 3
 
 
 def peak_mb() -> float:
@@ -59,8 +60,7 @@ def ours(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
         return prefill, times, chosen
 
     with torch_workers_idle():
-        run(WARM_TOKENS, _warm_up(prompt))
-        return _answer(*run(tokens))
+        return _measured(run, prompt, tokens)
 
 
 def genai(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
@@ -89,8 +89,7 @@ def genai(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
         times = [1000 * (b - a) for a, b in itertools.pairwise(stamps)]
         return prefill, times, [int(t) for t in result.tokens[0][:count]]
 
-    run(WARM_TOKENS, _warm_up(prompt))
-    return _answer(*run(tokens))
+    return _measured(run, prompt, tokens)
 
 
 def llamacpp(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
@@ -115,15 +114,24 @@ def llamacpp(model: str, prompt: Sequence[int], tokens: int, context: int) -> di
             times.append(1000 * (time.perf_counter() - start))
         return prefill, times, chosen
 
-    run(WARM_TOKENS, _warm_up(prompt))
-    return _answer(*run(tokens))
+    return _measured(run, prompt, tokens)
 
 
-def _warm_up(prompt: Sequence[int]) -> list[int]:
-    """A warm-up prompt as long as ``prompt`` that shares no prefix with it: GenAI's pipeline caches
-    prompt prefixes (``enable_prefix_caching`` is on by default on the CPU), and warmed up with the
-    prompt itself it would then time the prefill of its last tokens only."""
-    return [*prompt[1:], prompt[0]] if len(set(prompt)) > 1 else [t + 1 for t in prompt]
+def _measured(run: Callable[..., tuple[float, list[float], list[int]]], prompt: Sequence[int], tokens: int) -> dict:
+    """Warm up, then ``PREFILLS`` prefills (the median is the answer), the last one ``prompt`` itself,
+    followed by ``tokens`` greedy tokens. The others are ``prompt`` rotated: as long, no prefix in common
+    with each other or with it, since GenAI's pipeline caches prompt prefixes (``enable_prefix_caching``
+    is on by default on the CPU) and would otherwise time the prefill of the last tokens only."""
+    run(WARM_TOKENS, _rotated(prompt, PREFILLS))
+    prefills = [run(0, _rotated(prompt, k))[0] for k in range(1, PREFILLS)]
+    prefill, times, chosen = run(tokens, prompt)
+    return _answer(statistics.median([*prefills, prefill]), times, chosen)
+
+
+def _rotated(prompt: Sequence[int], k: int) -> list[int]:
+    """``prompt`` rotated left by ``k``, or with every id shifted by ``k`` when rotating changes nothing."""
+    rotated = [*prompt[k % len(prompt) :], *prompt[: k % len(prompt)]]
+    return rotated if rotated[0] != prompt[0] else [t + k for t in prompt]
 
 
 def _int64(rows: list[list[int]]) -> object:
