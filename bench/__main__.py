@@ -371,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="--llm: only ours against OpenVINO GenAI and llama.cpp on SmolLM2-135M (with --working-size: and at it)",
     )
+    parser.add_argument("--weights", nargs="+", choices=("f32", "int8", "int4"), help="--anchors: only these weights")
+    parser.add_argument("--rounds", type=int, help="--anchors: interleaved rounds (default 5)")
     parser.add_argument(
         "--deploy",
         action="store_true",
@@ -447,14 +449,19 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(runner_rows, headers=RUNNER_HEADERS))
         return 0
     if args.llm and args.anchors:
-        from bench.anchors import HEADERS, LLAMA_HEADERS, bench_anchors
+        from bench.anchors import HEADERS, LLAMA_HEADERS, ROUNDS, WEIGHTS, bench_anchors
 
         with nncf_off_stdout():
-            rows, llama_rows, what = bench_anchors(working_size=args.working_size)
+            rows, llama_rows, what = bench_anchors(
+                working_size=args.working_size,
+                weights_kept=tuple(args.weights or WEIGHTS),
+                rounds=args.rounds or ROUNDS,
+            )
         print(f"\nOurs against OpenVINO GenAI (optimum-intel's export, the same OpenVINO): {what}")
         print(tabulate(rows, headers=HEADERS))
-        print("\nAnd llama.cpp on the GGUF SmolLM2-135M comes from")
-        print(tabulate(llama_rows, headers=LLAMA_HEADERS))
+        if llama_rows:
+            print("\nAnd llama.cpp on the GGUF SmolLM2-135M comes from")
+            print(tabulate(llama_rows, headers=LLAMA_HEADERS))
         return 0
     if args.llm and args.real:
         from bench.real_checkpoint import CONTEXT, HEADERS, PROMPTS, STEPS, bench_real

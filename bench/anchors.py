@@ -195,28 +195,32 @@ def _equal_prefix(a: list[int], b: list[int]) -> str:
     return "all" if same == len(a) == len(b) else f"first {same} of {len(a)}"
 
 
-def bench_anchors(working_size: bool = False) -> tuple[list[tuple], list[tuple], str]:
-    """Rows per (model, weights) against GenAI; llama.cpp's row against ours int4; what was run."""
+def bench_anchors(
+    working_size: bool = False, weights_kept: tuple[str, ...] = WEIGHTS, rounds: int = ROUNDS
+) -> tuple[list[tuple], list[tuple], str]:
+    """Rows per (model, weights) against GenAI, for ``weights_kept``; llama.cpp's row against ours int4
+    (when int4 is kept); what was run."""
     smollm2 = checkpoint_directory()
     models = [("SmolLM2-135M", smollm2, prompt_ids(smollm2))]
     if working_size:
         models.append(("Llama 2048x16", working_checkpoint(), prompt_ids(smollm2, WORKING["vocab_size"])))
     contenders = []  # (model name, weights, kind, path, prompt)
     for name, checkpoint, prompt in models:
-        for weights in WEIGHTS:
+        for weights in weights_kept:
             contenders.append((name, weights, "ours", our_program(checkpoint, weights), prompt))
             contenders.append((name, weights, "genai", genai_model(checkpoint, weights), prompt))
     llama = ("SmolLM2-135M", "Q4_1", "llamacpp", gguf_file(), models[0][2])
-    contenders.append(llama)
+    if "int4" in weights_kept:
+        contenders.append(llama)
     results: dict[tuple, list[dict]] = {c[:3]: [] for c in contenders}
-    for round_ in range(ROUNDS):
+    for round_ in range(rounds):
         order = contenders[round_ % len(contenders) :] + contenders[: round_ % len(contenders)]
         for name, weights, kind, path, prompt in order:
             answer = measure(kind, path, prompt)
             if "error" in answer:
                 logger.error("%s %s %s: %s", name, weights, kind, answer["error"])
             results[(name, weights, kind)].append(answer)
-        logger.warning("round %d of %d done", round_ + 1, ROUNDS)
+        logger.warning("round %d of %d done", round_ + 1, rounds)
 
     def ok(key: tuple) -> list[dict]:
         return [a for a in results[key] if "error" not in a]
@@ -226,7 +230,7 @@ def bench_anchors(working_size: bool = False) -> tuple[list[tuple], list[tuple],
 
     rows = []
     for name, _, _ in models:
-        for weights in WEIGHTS:
+        for weights in weights_kept:
             ours, genai = (name, weights, "ours"), (name, weights, "genai")
             a, b = ok(ours), ok(genai)
             sizes = [_size_mb(c[3]) for c in contenders if c[:2] == (name, weights)]
@@ -245,6 +249,8 @@ def bench_anchors(working_size: bool = False) -> tuple[list[tuple], list[tuple],
                     _equal_prefix(a[0]["tokens"], b[0]["tokens"]) if a and b else "n/a",
                 )
             )
+    if "int4" not in weights_kept:
+        return rows, [], _what(rounds)
     ours4, cpp = ("SmolLM2-135M", "int4", "ours"), llama[:3]
     c = ok(cpp)
     llama_rows = [
@@ -258,11 +264,14 @@ def bench_anchors(working_size: bool = False) -> tuple[list[tuple], list[tuple],
             _median([x["peak_mb"] for x in c]),
         )
     ]
-    what = (
-        f"{PROMPT_TOKENS}-token prompt in one call, then {TOKENS} greedy tokens; ours at context {CONTEXT}; "
-        f"{ROUNDS} interleaved rounds, each contender a fresh process; ratios: median of per-round ratios"
+    return rows, llama_rows, _what(rounds)
+
+
+def _what(rounds: int) -> str:
+    return (
+        f"{PROMPT_TOKENS}-token prompts in one call (median of 3), then {TOKENS} greedy tokens; ours at context "
+        f"{CONTEXT}; {rounds} interleaved rounds, each contender a fresh process; ratios: median of per-round ratios"
     )
-    return rows, llama_rows, what
 
 
 LLAMA_HEADERS = (
