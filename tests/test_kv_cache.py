@@ -9,6 +9,7 @@ import logging
 import math
 from pathlib import Path
 
+import numpy as np
 import openvino as ov
 import pytest
 import torch
@@ -16,7 +17,7 @@ from executorch.exir import ExecutorchProgramManager
 
 from openvino_backend.llm.export import export_decoder
 from openvino_backend.llm.models import load_decoder
-from openvino_backend.lowering.kv_cache import BLOCK
+from openvino_backend.lowering.kv_cache import BLOCK, _one_value
 from openvino_backend.runtime import Tolerance
 from openvino_backend.tools.verify import LoadedMethod
 
@@ -139,3 +140,18 @@ def _assert_follows_eager(
         got = got.reshape(-1, got.shape[-1])[-1]
         tolerance = Tolerance.for_output(torch.float32, terms=LLAMA["dim"], scale=want.abs().max().item(), ops=8)
         assert tolerance.check(got, want), (position, length, (got - want).abs().max().item(), tolerance)
+
+
+@pytest.mark.parametrize(
+    ("value", "one"),
+    [
+        (np.zeros((1, 2, 8, 4), np.float32), True),
+        (np.full((3, 5), np.nan, np.float32), True),
+        (np.array([0.0, -0.0], np.float32), False),  # equal as numbers, not as bits: sliced, not broadcast
+        (np.array([[1, 1], [1, 2]], np.int64), False),
+    ],
+)
+def test_a_cache_grows_from_a_broadcast_only_when_its_exported_value_is_one_bit_pattern(
+    value: np.ndarray, one: bool
+) -> None:
+    assert _one_value(value) is one

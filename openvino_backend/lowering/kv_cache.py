@@ -339,7 +339,7 @@ def _positions_not_held(initial: ov.Output, shape: list[int], axis: int, held: o
     the shape comes from slicing a stand-in as long as the axis and one wide elsewhere."""
     step, axes = int_constant([1]), int_constant([axis])
     value = _constant(initial)
-    if value is None or value.size == 0 or not (value == value.flat[0]).all():
+    if value is None or value.size == 0 or not _one_value(value):
         return opset.slice(initial, held, end, step, axes).output(0)
     stand_in = opset.constant(np.zeros([d if i == axis else 1 for i, d in enumerate(shape)], dtype=np.uint8))
     rows = opset.shape_of(opset.slice(stand_in, held, end, step, axes), "i64")
@@ -348,6 +348,14 @@ def _positions_not_held(initial: ov.Output, shape: list[int], axis: int, held: o
     if scalar.get_output_element_type(0) != initial.get_element_type():  # numpy has no bf16: kept as read
         return opset.slice(initial, held, end, step, axes).output(0)
     return opset.broadcast(scalar, target).output(0)
+
+
+def _one_value(value: np.ndarray) -> bool:
+    """Whether every element of ``value`` has the first one's bits (so -0.0 and 0.0 differ, and a NaN
+    equals its own bits)."""
+    flat = np.ascontiguousarray(value).reshape(-1)
+    bits = flat.view(f"u{flat.itemsize}") if flat.itemsize in (1, 2, 4, 8) else None
+    return bits is not None and bool((bits == bits[0]).all())
 
 
 def _rebuild(reader: ov.Input, source: ov.Output, axis: int, reach: ov.Output) -> None:
