@@ -339,14 +339,13 @@ def _positions_not_held(initial: ov.Output, shape: list[int], axis: int, held: o
     the shape comes from slicing a stand-in as long as the axis and one wide elsewhere."""
     step, axes = int_constant([1]), int_constant([axis])
     value = _constant(initial)
-    if value is None or value.size == 0 or not _one_value(value):
+    scalar = opset.constant(value.reshape(-1)[:1].reshape(())) if value is not None and value.size else None
+    # numpy has no bf16: a value read back as another type is sliced as it is.
+    if scalar is None or scalar.get_output_element_type(0) != initial.get_element_type() or not _one_value(value):
         return opset.slice(initial, held, end, step, axes).output(0)
     stand_in = opset.constant(np.zeros([d if i == axis else 1 for i, d in enumerate(shape)], dtype=np.uint8))
     rows = opset.shape_of(opset.slice(stand_in, held, end, step, axes), "i64")
     target = opset.multiply(rows, int_constant([1 if i == axis else d for i, d in enumerate(shape)]))
-    scalar = opset.constant(value.reshape(-1)[:1].reshape(()))
-    if scalar.get_output_element_type(0) != initial.get_element_type():  # numpy has no bf16: kept as read
-        return opset.slice(initial, held, end, step, axes).output(0)
     return opset.broadcast(scalar, target).output(0)
 
 
