@@ -100,3 +100,61 @@ def test_a_stateful_partition_leaves_nothing_of_the_checks_behind() -> None:
     before = set(handover._HANDED_OVER)
     _lower(Accumulator().eval(), OpenvinoPartitioner())
     assert set(handover._HANDED_OVER) <= before
+
+
+class Calls(torch.nn.Module):
+    """Counts its calls in a 0-d buffer and scales its input by the count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.tensor(0.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1.0)
+        return x * self.calls
+
+
+class Positions(torch.nn.Module):
+    """transformers' static cache: a 0-d position set from an input at every call (read for its shape
+    only), the positions counted from it, then advanced past them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.tensor(0, dtype=torch.int64))
+        self.register_buffer("table", torch.randn(16, 4))
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        self.seen.copy_(start[0])
+        positions = torch.arange(x.shape[0]) + self.seen
+        self.seen.add_(x.shape[0])
+        return x + self.table.index_select(0, positions)
+
+
+def test_a_0d_buffer_is_held_as_state_and_everything_reading_it_runs_in_openvino() -> None:
+    # The runtime cannot bind a 0-d tensor, so crossing the edge it would keep every op reading it on
+    # the CPU; held as state it never crosses.
+    partitioner = OpenvinoPartitioner()
+    edge, program = _lower(Calls(), partitioner)
+    assert partitioner.report.state_buffers == ("calls",)
+    assert partitioner.report.kept_out == ()
+    assert [n.name for n in edge.exported_program().graph.find_nodes(op="placeholder")] == ["x"]
+    _run_calls(Calls(), program)
+
+
+def test_a_buffer_read_only_for_its_shape_is_dropped_and_the_blob_still_loads() -> None:
+    partitioner = OpenvinoPartitioner()
+    x = torch.randn(3, 4)
+    shapes = ({0: torch.export.Dim("n", min=1, max=8)}, None)
+    exported = torch.export.export(Positions(), (x, torch.tensor([2])), dynamic_shapes=shapes)
+    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner])
+    assert partitioner.report.kept_out == ()
+    assert set(partitioner.report.state_buffers) == {"seen"}
+    assert [n.name for n in edge.exported_program().graph.find_nodes(op="placeholder")] == ["x", "start"]
+    method = LoadedMethod(to_executorch(edge).buffer)  # from a file: the blob imports again
+    module = Positions()
+    module.load_state_dict(exported.module().state_dict())
+    for n, start in [(3, 0), (1, 3), (5, 7), (2, 0)]:
+        x = torch.randn(n, 4)
+        (got,) = method([x, torch.tensor([start])])
+        want = module(x, torch.tensor([start]))
+        assert Tolerance.for_output(torch.float32, scale=want.abs().max().item(), ops=2).check(got, want), (n, start)

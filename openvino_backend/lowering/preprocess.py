@@ -38,7 +38,7 @@ from openvino_backend.lowering.handover import release, take_over
 from openvino_backend.lowering.kv_cache import grow_caches
 from openvino_backend.lowering.partition_model import compile_key
 from openvino_backend.lowering.passes import prepare_for_frontend
-from openvino_backend.lowering.state import graph_for_conversion, make_stateful, state_buffers
+from openvino_backend.lowering.state import drop_unread_state, graph_for_conversion, make_stateful, state_buffers
 from openvino_backend.lowering.validate import (
     validate_compiled,
     validate_edge_tensors,
@@ -98,6 +98,7 @@ class OpenvinoBackend(BackendDetails):
         if states:
             with stage("grow_caches"):
                 grow_caches(model)
+            drop_unread_state(model)
         compiled = handed.compiled.get(compile_key(options.device, options.properties)) if handed else None
         if compiled is None:
             compiled = compile_model(model, options, graph_module)

@@ -119,3 +119,24 @@ def make_stateful(model: ov.Model, states: list[StateBuffer], name: str = "openv
     model.add_variables(variables)
     model.add_sinks(sinks)
     model.validate_nodes_and_infer_types()
+
+
+def drop_unread_state(model: ov.Model) -> int:
+    """Remove, in place, each variable no op of ``model`` reads any more, with its ``Assign``; how many.
+
+    A buffer read only for its shape or type (transformers' static cache copies the position into
+    a 0-d ``cumulative_length`` at every call) leaves its ``ReadValue`` without readers once those
+    are constants. Its value is never read, so not writing it changes nothing; written without a
+    ``ReadValue``, it would make a blob OpenVINO cannot import again (the variable is declared by
+    its ``ReadValue`` in the serialized model).
+    """
+    read = {op.get_variable_id() for op in model.get_ordered_ops() if op.get_type_name() == "ReadValue"}
+    unread = [
+        sink for sink in model.get_sinks() if sink.get_type_name() == "Assign" and sink.get_variable_id() not in read
+    ]
+    for sink in unread:
+        model.remove_sink(sink)
+        model.remove_variable(model.get_variable_by_id(sink.get_variable_id()))
+    if unread:
+        model.validate_nodes_and_infer_types()
+    return len(unread)

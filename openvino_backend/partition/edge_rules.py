@@ -85,12 +85,13 @@ def _reject_at_edge(
     output_problem: Callable[[object], str | None],
     input_problem: Callable[[object], str | None],
 ) -> Iterator[Objection]:
-    """Reject each output whose value has a problem, and each reader of an input that has one."""
-    for node in part.outputs():
+    """Reject each output the runtime binds whose value has a problem, and each reader of a bound
+    input that has one (a buffer the partition holds as OpenVINO state is never bound)."""
+    for node in part.bound_outputs():
         leaving = tensors_read(node, (user for user in node.users if user not in part.nodes))
         if (why := first_problem(leaving, output_problem)) is not None:
             yield node, f"result leaves the partition {why}"
-    for source in part.inputs():
+    for source in part.bound_inputs():
         readers = [user for user in source.users if user in part.nodes]
         if (why := first_problem(tensors_read(source, readers), input_problem)) is None:
             continue

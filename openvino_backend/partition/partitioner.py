@@ -202,7 +202,9 @@ class OpenvinoPartitioner(Partitioner):
         if self.check_numerics and (values := sample_values(program, self.sample_inputs)) is not None:
             self.numerical_check = NumericalCheck(program, values, self.options.device, self.options.precision)
             stages.append((self.numerical_check,))
-        return propose(program, stages, self.op_types_to_skip, self.op_names_to_skip)
+        return propose(
+            program, stages, self.op_types_to_skip, self.op_names_to_skip, holds_state=self.take_over_mutable_buffers
+        )
 
     def _tag(self, program: ExportedProgram, proposal: Proposal) -> dict[str, DelegationSpec]:
         """Tag each partition's nodes and constants; its compile specs carry its index and the handle

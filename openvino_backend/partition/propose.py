@@ -43,8 +43,10 @@ def propose(
     stages: Sequence[Sequence[Rule]],
     op_types_to_skip: Collection[str] = (),
     op_names_to_skip: Collection[str] = (),
+    holds_state: bool = True,
 ) -> Proposal:
-    """Partitions that satisfy every rule of every stage. Tags nothing."""
+    """Partitions that satisfy every rule of every stage. Tags nothing. ``holds_state``: the
+    partitions will hold the buffers they read and update as OpenVINO state."""
     excluded = feeding_only_checks(program.graph)
     refused: dict[torch.fx.Node, Rejection] = {}  # by the op-support check, over all rounds
     kept: list[tuple[Partition, PartitionView]] = []  # partitions no rule touched last round
@@ -58,7 +60,8 @@ def propose(
         ).propose_partitions()
         refused.update(support.rejected)
         # One view per partition: the checks that convert share the conversion, across rounds too.
-        proposal = kept + [(p, PartitionView(frozenset(p.nodes), program)) for p in fresh if _has_compute(p)]
+        views = (PartitionView(frozenset(p.nodes), program, holds_state=holds_state) for p in fresh)
+        proposal = kept + [(p, view) for p, view in zip(fresh, views, strict=True) if _has_compute(p)]
         views = [view for _, view in proposal]
         rejected: dict[torch.fx.Node, Rejection] = {}
         for rules in stages:
