@@ -86,6 +86,18 @@ def test_a_long_cache_is_read_as_far_as_the_mask_reaches_and_follows_eager_throu
         if len(dims) == 4 and dims[2] == CONTEXT and math.prod(dims) > CONTEXT:
             cache_sized.append((op.get_friendly_name(), list(dims)))
     assert not cache_sized, cache_sized
+    # Caches written at the same positions and read as far as one mask reaches hold the same positions
+    # throughout: how many is read once for all of them, not once per cache. ExecuTorch's Llama takes
+    # its position into each layer as a scalar of its own (`input_pos.item()`, a delegate input each),
+    # so there a layer's key and value share one read.
+    length_reads = [
+        op
+        for op in model.get_ordered_ops()
+        if op.get_rt_info()["layerType"].astype(str) == "ShapeOf"
+        and op.input_value(0).get_node().get_rt_info()["layerType"].astype(str) == "MemoryInput"
+    ]
+    want = 1 if family == "qwen2" else LLAMA["n_layers"]
+    assert len(length_reads) == want, [op.get_friendly_name() for op in length_reads]
     _assert_follows_eager(program, eager, CALLS, seed=0)
 
 

@@ -376,3 +376,33 @@ def test_an_attention_causal_by_attribute_keeps_its_repeated_heads() -> None:
         attention = ov_ops.scaled_dot_product_attention(q, repeated, repeated, causal=causal)
         model = ov.Model([attention], [q, k])
         assert ungroup_attention(model) == grouped, causal
+
+
+class ZeroedRows(torch.nn.Module):
+    """transformers' attention tail: rows with no key left are zeroed by ``where`` with a fill of the
+    result's own shape (and a fill of another shape, which must stay as it is)."""
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        zeroed = torch.where(keep, x, torch.zeros_like(x))
+        # A fill of keep's shape, which no operand has: it widens the result, and stays.
+        other = torch.where(keep[:, :1], x, torch.full_like(keep, 2.5, dtype=x.dtype))
+        return zeroed + torch.ones_like(zeroed), other
+
+
+def test_a_fill_read_beside_the_tensor_it_copies_the_shape_of_is_a_scalar() -> None:
+    module = ZeroedRows().eval()
+    dims = {0: Dim("rows", max=32)}
+    inputs = (torch.randn(5, 1, 8), torch.rand(5, 4, 8) > 0.5)
+    exported = torch.export.export(module, inputs, dynamic_shapes=(dims, dims))
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    compiled = ov.Core().compile_model(convert(_frontend_graph_module(program)), "CPU")
+    runtime = compiled.get_runtime_model().get_ops()
+    broadcasts = [op for op in runtime if op.get_rt_info()["layerType"].astype(str) == "Broadcast"]
+    # Two fills of the operand's own shape read as scalars; the one of keep's wider shape stays.
+    assert [str(op.get_output_partial_shape(0)) for op in broadcasts] == ["[?,4,8]"]
+    for rows in (1, 7, 32):
+        given = [torch.randn(rows, 1, 8), torch.rand(rows, 4, 8) > 0.5]
+        report = check_run(module, program.buffer, given, terms=2)
+        assert report.error is None, report.error
+        assert all(out.values_ok for out in report.outputs), rows
+

@@ -19,6 +19,7 @@ from openvino_backend.graph import output_nodes
 from openvino_backend.lowering.edge_layout import int_constant
 from openvino_backend.lowering.expand_broadcast import expands_as_numpy_broadcasts
 from openvino_backend.lowering.grouped_attention import ungroup_attention
+from openvino_backend.lowering.scalar_fills import fills_as_scalars
 from openvino_backend.lowering.wide_weights import dequantize_wide_weights
 from openvino_backend.ops import is_bound_pad
 from openvino_backend.runtime import int8_weight_bits, openvino_version
@@ -81,6 +82,8 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
         model.validate_nodes_and_infer_types()
         if expanded := expands_as_numpy_broadcasts(model):
             logger.debug("%d expand(s) as NUMPY Broadcasts", expanded)
+        if filled := fills_as_scalars(model):
+            logger.debug("%d one-value fill(s) read as scalars", filled)
         if grouped := ungroup_attention(model):
             logger.debug("%d attention(s) read their key and value heads once per group", grouped)
         if (bits := int8_weight_bits()) < 8 and (wide := dequantize_wide_weights(model, bits)):

@@ -83,11 +83,12 @@ def grow_caches(model: ov.Model) -> int:
         by_attention.setdefault(node.get_friendly_name(), []).append(cache)
         attention_nodes[node.get_friendly_name()] = node
     rewritten = 0
+    shared = _Shared()
     for name, found in by_attention.items():
         attention = attention_nodes[name]
         if {index for cache in found for _, index in cache.attentions} != {1, 2} or not _maskable(attention):
             continue  # the key or the value comes from elsewhere, at full length
-        _rewrite(model, attention, found)
+        _rewrite(model, attention, found, shared)
         rewritten += 1
     if rewritten:
         model.validate_nodes_and_infer_types()
@@ -266,11 +267,46 @@ def _maskable(attention: ov.Node) -> bool:
     )
 
 
-def _rewrite(model: ov.Model, attention: ov.Node, caches: list[CacheWrite]) -> None:
+@dataclass
+class _Growth:
+    """What caches that always hold the same positions share: how many they hold (read from the
+    first one's variable), up to where this call grows them, and the rows appended to those
+    exported as one value (by that value's type and bits)."""
+
+    held: ov.Output
+    end: ov.Output
+    rows: dict[tuple[str, bytes], ov.Output] = field(default_factory=dict)
+
+
+@dataclass
+class _Shared:
+    """The growth of every cache rewritten in one model, so that what caches have in common is
+    computed once: each mask's reach, and the growth of caches of one shape written at the same
+    positions and read as far as the same reach. All start empty and grow alike, call after call,
+    so they hold the same positions throughout; one set of shape arithmetic serves them all instead
+    of a dozen ops per cache on every call."""
+
+    reaches: dict[object, ov.Output] = field(default_factory=dict)
+    growths: dict[tuple, _Growth] = field(default_factory=dict)
+    signatures: dict[tuple[int, int], tuple | None] = field(default_factory=dict)
+
+    def reach(self, mask: ov.Output) -> ov.Output:
+        """``_mask_reach(mask)``, once for masks that compute the same (each layer's may be its own
+        ops reading the same inputs)."""
+        key = self.signature(mask) or mask
+        if key not in self.reaches:
+            self.reaches[key] = _mask_reach(mask)
+        return self.reaches[key]
+
+    def signature(self, output: ov.Output) -> tuple | None:
+        return _signature(output, self.signatures)
+
+
+def _rewrite(model: ov.Model, attention: ov.Node, caches: list[CacheWrite], shared: _Shared) -> None:
     mask = attention.input_value(3)
-    reach = _mask_reach(mask)
+    reach = shared.reach(mask)
     for cache in caches:
-        narrowed = _grown_cache(model, cache, reach)
+        narrowed = _grown_cache(model, cache, reach, shared)
         for reader in [r for r in cache.written.get_target_inputs() if r.get_node().get_type_name() != "Assign"]:
             _rebuild(reader, narrowed, cache.axis, reach)
     rank = mask.get_partial_shape().rank.get_length()
@@ -299,7 +335,7 @@ def _whole_blocks(positions: ov.Output, length: int) -> ov.Output:
     return opset.minimum(opset.multiply(blocks, int_constant([block])), int_constant([length])).output(0)
 
 
-def _grown_cache(model: ov.Model, cache: CacheWrite, reach: ov.Output) -> ov.Output:
+def _grown_cache(model: ov.Model, cache: CacheWrite, reach: ov.Output, shared: _Shared) -> ov.Output:
     """Replace ``cache``'s variable by one holding the positions written so far; the positions
     ``[0, reach)`` after this call's write."""
     old = model.get_variable_by_id(cache.read.get_variable_id())
@@ -314,13 +350,18 @@ def _grown_cache(model: ov.Model, cache: CacheWrite, reach: ov.Output) -> ov.Out
     nothing = [0 if i == axis else d for i, d in enumerate(shape)]
     empty = opset.constant(np.zeros(nothing, dtype=info.data_type.to_dtype()))
     read = opset.read_value(empty, variable)
-    held = opset.gather(opset.shape_of(read, "i64"), int_constant([axis]), int_constant([0]))
     indices = opset.convert(cache.indices, "i64")
-    written_end = opset.add(opset.reduce_max(indices, int_constant([0]), keep_dims=True), int_constant([1]))
-    # Up to the last position written or read, in whole blocks; nothing when that is below `held`.
-    end = _whole_blocks(opset.maximum(written_end, reach).output(0), shape[axis])
-    step, axes = int_constant([1]), int_constant([axis])
-    appended = _positions_not_held(initial, shape, axis, held, end)  # their exported value
+    positions = shared.signature(cache.indices)
+    key = None if positions is None else (positions, reach, tuple(shape), axis, str(info.data_type))
+    growth = shared.growths.get(key) if key is not None else None
+    if growth is None:
+        held = opset.gather(opset.shape_of(read, "i64"), int_constant([axis]), int_constant([0])).output(0)
+        written_end = opset.add(opset.reduce_max(indices, int_constant([0]), keep_dims=True), int_constant([1]))
+        # Up to the last position written or read, in whole blocks; nothing when that is below `held`.
+        growth = _Growth(held, _whole_blocks(opset.maximum(written_end, reach).output(0), shape[axis]))
+        if key is not None:
+            shared.growths[key] = growth
+    appended = _positions_not_held(initial, shape, axis, growth)  # their exported value
     grown = opset.concat([read.output(0), appended], axis)
     written = opset3.scatter_update(grown, indices, cache.updates, opset.constant(np.array(axis, dtype=np.int64)))
     sink = assign(written, variable)
@@ -329,10 +370,10 @@ def _grown_cache(model: ov.Model, cache: CacheWrite, reach: ov.Output) -> ov.Out
     model.remove_variable(old)
     model.add_variables([variable])
     model.add_sinks([sink])
-    return opset.slice(written, int_constant([0]), reach, step, axes).output(0)
+    return opset.slice(written, int_constant([0]), reach, int_constant([1]), int_constant([axis])).output(0)
 
 
-def _positions_not_held(initial: ov.Output, shape: list[int], axis: int, held: ov.Output, end: ov.Output) -> ov.Output:
+def _positions_not_held(initial: ov.Output, shape: list[int], axis: int, growth: _Growth) -> ov.Output:
     """The exported value of positions ``[held, end)`` along ``axis``. A value that is one number
     throughout (a cache exported as zeros) is that number broadcast to the rows' shape, so the blob
     does not carry a cache-sized constant per cache (context 2048: 94 MB of zeros for SmolLM2-135M);
@@ -342,11 +383,14 @@ def _positions_not_held(initial: ov.Output, shape: list[int], axis: int, held: o
     scalar = opset.constant(value.reshape(-1)[:1].reshape(())) if value is not None and value.size else None
     # numpy has no bf16: a value read back as another type is sliced as it is.
     if scalar is None or scalar.get_output_element_type(0) != initial.get_element_type() or not _one_value(value):
-        return opset.slice(initial, held, end, step, axes).output(0)
-    stand_in = opset.constant(np.zeros([d if i == axis else 1 for i, d in enumerate(shape)], dtype=np.uint8))
-    rows = opset.shape_of(opset.slice(stand_in, held, end, step, axes), "i64")
-    target = opset.multiply(rows, int_constant([1 if i == axis else d for i, d in enumerate(shape)]))
-    return opset.broadcast(scalar, target).output(0)
+        return opset.slice(initial, growth.held, growth.end, step, axes).output(0)
+    bits = (str(initial.get_element_type()), np.ascontiguousarray(value).reshape(-1)[:1].tobytes())
+    if bits not in growth.rows:
+        stand_in = opset.constant(np.zeros([d if i == axis else 1 for i, d in enumerate(shape)], dtype=np.uint8))
+        rows = opset.shape_of(opset.slice(stand_in, growth.held, growth.end, step, axes), "i64")
+        target = opset.multiply(rows, int_constant([1 if i == axis else d for i, d in enumerate(shape)]))
+        growth.rows[bits] = opset.broadcast(scalar, target).output(0)
+    return growth.rows[bits]
 
 
 def _one_value(value: np.ndarray) -> bool:
@@ -398,3 +442,30 @@ def _constant(output: ov.Output) -> np.ndarray | None:
     if node.get_output_partial_shape(0).is_dynamic or not node.evaluate(result, [ov.Tensor(v) for v in inputs]):
         return None
     return result[0].data.copy()
+
+
+def _signature(output: ov.Output, memo: dict[tuple[int, int], tuple | None], depth: int = 0) -> tuple | None:
+    """What ``output`` computes, as a value equal for outputs that compute the same from the same
+    inputs (the frontend converts each layer's positions anew), or None past a few ops."""
+    node = output.get_node()
+    at = (node.get_instance_id(), output.get_index())
+    if at in memo:
+        return memo[at]
+    kind = node.get_type_name()
+    signature: tuple | None
+    if kind == "Constant" and math.prod(node.get_output_shape(0)) <= 64:
+        data = node.get_data()
+        signature = (kind, str(node.get_output_element_type(0)), tuple(node.get_output_shape(0)), data.tobytes())
+    elif kind in ("Constant", "Parameter"):
+        signature = (kind, node.get_instance_id(), output.get_index())
+    elif kind == "ReadValue":
+        signature = (kind, node.get_variable_id())
+    elif depth > 32:
+        signature = None
+    else:
+        inputs = [_signature(node.input_value(i), memo, depth + 1) for i in range(node.get_input_size())]
+        attributes = tuple(sorted((name, str(value)) for name, value in node.get_attributes().items()))
+        version = node.get_type_info().version_id
+        signature = None if None in inputs else (kind, version, output.get_index(), attributes, *inputs)
+    memo[at] = signature
+    return signature
