@@ -12,6 +12,7 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import Dim
 
+from openvino_backend.lowering.attention_scale import scale_queries
 from openvino_backend.lowering.convert import convert
 from openvino_backend.lowering.expand_broadcast import expands_as_numpy_broadcasts
 from openvino_backend.lowering.grouped_attention import ungroup_attention
@@ -406,3 +407,32 @@ def test_a_fill_read_beside_the_tensor_it_copies_the_shape_of_is_a_scalar() -> N
         assert report.error is None, report.error
         assert all(out.values_ok for out in report.outputs), rows
 
+
+@pytest.mark.parametrize("scale", [0.3, None], ids=["given", "default"])
+def test_an_attention_scales_its_queries_and_the_cpu_plugin_reads_its_keys_as_they_are(scale: float | None) -> None:
+    """With its scale on the attention, the CPU plugin multiplies every key by it (and transposes
+    them) on every call; moved onto the queries, it reads the keys untouched, and computes the same."""
+    q = ov_ops.parameter([1, 2, 1, 16], ov.Type.f32, name="q")
+    k = ov_ops.parameter([1, 2, -1, 16], ov.Type.f32, name="k")
+    v = ov_ops.parameter([1, 2, -1, 16], ov.Type.f32, name="v")
+    mask = ov_ops.parameter([1, 1, 1, -1], ov.Type.f32, name="mask")
+    extra = [] if scale is None else [ov_ops.constant(np.float32(scale))]
+    model = ov.Model([ov_ops.scaled_dot_product_attention(q, k, v, mask, *extra)], [q, k, v, mask])
+    rng = np.random.default_rng(0)
+    data = [rng.standard_normal(s).astype(np.float32) for s in ((1, 2, 1, 16), (1, 2, 40, 16), (1, 2, 40, 16))]
+    data.append(np.where(rng.random((1, 1, 1, 40)) < 0.2, -np.inf, 0).astype(np.float32))
+    f32 = {"INFERENCE_PRECISION_HINT": "f32"}
+
+    def key_readers(compiled: ov.CompiledModel) -> list[str]:
+        runtime = compiled.get_runtime_model()
+        (key,) = [op for op in runtime.get_ordered_ops() if op.get_friendly_name() == "k"]
+        return [r.get_node().get_rt_info()["layerType"].astype(str) for r in key.output(0).get_target_inputs()]
+
+    before = ov.Core().compile_model(model, "CPU", f32)
+    want = before(data)[0]
+    assert scale_queries(model) == 1
+    after = ov.Core().compile_model(model, "CPU", f32)
+    assert set(key_readers(before)) & {"Eltwise", "Transpose"}, "the plugin no longer touches the keys: test is moot"
+    assert not set(key_readers(after)) & {"Eltwise", "Transpose"}, key_readers(after)
+    np.testing.assert_allclose(after(data)[0], want, rtol=1e-5, atol=1e-6)
+    assert scale_queries(model) == 0  # a scale of one is left alone

@@ -21,6 +21,12 @@ value, with an additive mask:
 * the attention reads positions ``[0, n)``, ``n`` the last position the mask
   leaves unmasked in any row, plus one; the mask is cut to the same ``n``.
 
+Caches of one shape written at the same positions (each layer's, computed by
+ops of its own from the same inputs: compared by what they compute) and read
+as far as the same reach start empty and grow alike, call after call: one
+reading of how many positions they hold, one end, and one set of appended
+rows serve them all.
+
 Exact, whatever positions each call writes (a prompt prefilled again from 0, a
 gap): positions past ``L`` read as the cache's exported value, as they were,
 and a position past ``n`` carries ``-inf`` in every row of the mask, so it
