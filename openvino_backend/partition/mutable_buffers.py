@@ -61,8 +61,8 @@ def take_over_mutable_buffers(program: ExportedProgram) -> tuple[str, ...]:
         for placeholder in held_buffers(program, nodes):
             placeholder.meta["delegation_tag"] = tag
             taken.append(program.graph_signature.inputs_to_buffers[placeholder.name])
-    signature = program.graph_signature
-    for new_value, target in signature.buffers_to_mutate.items():
-        if target not in taken and new_value in {node.name for nodes in partitions.values() for node in nodes}:
+    delegated = {node.name for nodes in partitions.values() for node in nodes}
+    for new_value, target in program.graph_signature.buffers_to_mutate.items():
+        if target not in taken and new_value in delegated:
             logger.info("buffer %s stays with ExecuTorch: it is read outside the partition that updates it", target)
     return tuple(taken)

@@ -60,8 +60,9 @@ def propose(
         ).propose_partitions()
         refused.update(support.rejected)
         # One view per partition: the checks that convert share the conversion, across rounds too.
-        views = (PartitionView(frozenset(p.nodes), program, holds_state=holds_state) for p in fresh)
-        proposal = kept + [(p, view) for p, view in zip(fresh, views, strict=True) if _has_compute(p)]
+        proposal = kept + [
+            (p, PartitionView(frozenset(p.nodes), program, holds_state=holds_state)) for p in fresh if _has_compute(p)
+        ]
         views = [view for _, view in proposal]
         rejected: dict[torch.fx.Node, Rejection] = {}
         for rules in stages:
