@@ -242,3 +242,28 @@ def test_4_bit_weights_of_a_width_no_multiple_of_128_compress_in_smaller_groups(
         want = copy.deepcopy(decoder.module)(tokens, torch.tensor([0]))[-1]
     got = Generator(compressed)(tokens[0].tolist())
     assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.99
+
+
+def test_a_hugging_face_prompt_puts_only_its_last_position_through_the_head(tmp_path: Path) -> None:
+    """The program returns the last position's logits, so the head multiplies one row by the
+    vocabulary's weights, not one per prompt token (most of a short prompt's prefill at a large
+    vocabulary)."""
+    transformers = pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
+    transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=CONTEXT,
+    ).save_pretrained(tmp_path)
+    exported = export_graph(load_decoder(tmp_path, max_context=CONTEXT))
+    heads = [
+        node
+        for node in exported.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default)
+        if tuple(node.args[1].meta["val"].shape) == (256, 64)
+    ]
+    assert len(heads) == 1, heads
+    rows = heads[0].args[0].meta["val"].shape[:-1]
+    assert all(isinstance(size, int) and size == 1 for size in rows), f"the head multiplies {rows} rows"

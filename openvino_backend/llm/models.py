@@ -18,6 +18,7 @@ Two sources:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from dataclasses import dataclass, field
@@ -170,6 +171,10 @@ def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
             # experts and multiplies them in one batched matmul: the same result, static shapes.
             model.set_experts_implementation("batched_mm")
         model = model.to(torch.float32).eval()
+        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+            # The program returns the last position's logits: only that row goes through the head
+            # (a prompt of S tokens would otherwise multiply S rows by the vocabulary's weights).
+            model.register_forward_pre_hook(_last_logits_only, with_kwargs=True)
         model.generation_config = GenerationConfig(
             use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": max_context}
         )
@@ -195,6 +200,14 @@ def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
         bos_id=getattr(text, "bos_token_id", None),
         eos_ids=[e for e in eos if e is not None],
     )
+
+
+def _last_logits_only(
+    module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+) -> tuple[tuple[object, ...], dict[str, object]]:
+    """A forward pre-hook: transformers' ``logits_to_keep=1``, the head applied to the last position
+    alone (what ``generate`` asks for itself while decoding)."""
+    return args, {**kwargs, "logits_to_keep": 1}
 
 
 def _decoder_config(directory: Path) -> object:
