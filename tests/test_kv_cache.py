@@ -14,6 +14,7 @@ import openvino as ov
 import pytest
 import torch
 from executorch.exir import ExecutorchProgramManager
+from executorch.exir.dialects._ops import ops as exir_ops
 
 from openvino_backend.llm.export import export_decoder
 from openvino_backend.llm.models import load_decoder
@@ -132,6 +133,14 @@ def test_a_cache_written_along_its_positions_is_never_transposed_whole(
         if kinds[op.get_friendly_name()] == "Transpose":
             source = op.input_value(0).get_node()
             assert kinds[source.get_friendly_name()] != "MemoryInput", f"{op.get_friendly_name()} transposes a cache"
+        if kinds[op.get_friendly_name()] == "ScatterUpdate":
+            # The rows written are the model's keys and values as it computed them: their count is the
+            # positions' (torch.export's sizes say so), so the frontend's broadcast to it is gone.
+            values = op.input_value(2).get_node()
+            chain = [kinds[values.get_friendly_name()]]
+            if chain[0] == "Transpose":
+                chain.append(kinds[values.input_value(0).get_node().get_friendly_name()])
+            assert "Broadcast" not in chain, f"{op.get_friendly_name()} writes {' <- '.join(chain)}"
     calls = [(0, 5), *((p, 1) for p in range(5, 12)), (0, 3), (3, 1), (BLOCK - 2, 2)]
     _assert_follows_eager(program, eager, calls, seed=1)
 
@@ -167,3 +176,48 @@ def test_a_cache_grows_from_a_broadcast_only_when_its_exported_value_is_one_bit_
     value: np.ndarray, one: bool
 ) -> None:
     assert _one_value(value) is one
+
+
+class Writes(torch.nn.Module):
+    """Two buffers written at a call's positions: one with a row per position, one with a single row
+    broadcast to every position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("rows", torch.zeros(1, 2, 16, 4))
+        self.register_buffer("filled", torch.zeros(1, 2, 16, 4))
+
+    def forward(self, x: torch.Tensor, fill: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[2]) + start
+        self.rows[:, :, positions] = x
+        self.filled[:, :, positions] = fill
+        return self.rows * 2 + self.filled
+
+
+def test_only_writes_whose_values_fill_their_positions_skip_the_broadcast() -> None:
+    """A write whose values have one row per position (torch.export's sizes: the same symbol) is
+    written as given; one row broadcast to every position keeps its broadcast, and both stay exact."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from openvino_backend.lowering.kv_cache import exact_writes
+    from openvino_backend.partition.partitioner import OpenvinoPartitioner
+    from openvino_backend.program import to_executorch
+
+    inputs = (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 1, 4), torch.tensor([0]))
+    shapes = ({2: torch.export.Dim("n", min=1, max=8)}, None, None)
+    exported = torch.export.export(Writes(), inputs, dynamic_shapes=shapes)
+    edge = to_edge_transform_and_lower(exported, partitioner=[OpenvinoPartitioner()])
+    (lowered,) = [m for m in edge.exported_program().graph_module.children() if hasattr(m, "original_module")]
+    graph = lowered.original_module.graph_module
+    writes = {n.name: n.args[0].name for n in graph.graph.nodes if n.target == exir_ops.edge.aten.index_put.default}
+    assert {writes[name] for name in exact_writes(graph)} == {"b_rows"}, writes
+    (model,) = _compiled_models(edge)
+    broadcasts = [op for op in model.get_ordered_ops() if op.get_rt_info()["layerType"].astype(str) == "Broadcast"]
+    assert len(broadcasts) == 1, [op.get_friendly_name() for op in broadcasts]  # the fill's
+    method = LoadedMethod(to_executorch(edge).buffer)
+    module = Writes()
+    for n, start in [(3, 0), (1, 3), (5, 4), (2, 0), (8, 8)]:
+        x, fill = torch.randn(1, 2, n, 4), torch.randn(1, 2, 1, 4)
+        (got,) = method([x, fill, torch.tensor([start])])
+        want = module(x, fill, torch.tensor([start]))
+        assert Tolerance.for_output(torch.float32, scale=want.abs().max().item(), ops=2).check(got, want), (n, start)

@@ -44,9 +44,12 @@ import numpy as np
 import openvino as ov
 import openvino.opset3 as opset3
 import openvino.opset13 as opset
+import torch
 from openvino.op import assign, util
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from openvino_backend.lowering.edge_layout import int_constant
+from openvino_backend.lowering.passes.common import EDGE, same_shape
 
 logger = logging.getLogger(__name__)
 
@@ -70,15 +73,45 @@ class CacheWrite:
     attentions: list[tuple[ov.Node, int]] = field(default_factory=list)  # (SDPA, input 1 or 2) reached
 
 
-def grow_caches(model: ov.Model) -> int:
-    """Rewrite the caches of ``model`` (in place) as the module says; the number of attentions rewritten."""
+def exact_writes(graph_module: torch.fx.GraphModule) -> frozenset[str]:
+    """The ``index_put`` nodes of ``graph_module`` whose values have the shape of the region they
+    write, leading ones aside (one index tensor, its length the values' size along its axis), as torch.export's
+    symbolic sizes prove: for those, the frontend's broadcast of the values to the index count
+    copies them unchanged. A prompt's keys written at its positions are such a write: both sizes
+    are the prompt's length, which the converted graph alone cannot show."""
+    exact = set()
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target not in (EDGE.index_put.default, torch.ops.aten.index_put.default):
+            continue
+        if len(node.args) < 3:
+            continue
+        cache, indices, values = node.args[:3]
+        accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+        present = [(axis, index) for axis, index in enumerate(indices) if index is not None]
+        if accumulate or len(present) != 1 or not all(isinstance(n, torch.fx.Node) for n in (cache, values)):
+            continue
+        axis, index = present[0]
+        shapes = [getattr(n.meta.get("val"), "shape", None) for n in (cache, index, values)]
+        if any(shape is None for shape in shapes) or len(shapes[1]) != 1:
+            continue
+        region = (*shapes[0][:axis], shapes[1][0], *shapes[0][axis + 1 :])
+        extra = len(region) - len(shapes[2])  # values broadcast as NumPy does: aligned to the right
+        ones = all(statically_known_true(size == 1) for size in region[: max(extra, 0)])
+        if extra >= 0 and ones and same_shape(tuple(shapes[2]), region[extra:]):
+            exact.add(node.name)
+    return frozenset(exact)
+
+
+def grow_caches(model: ov.Model, exact: frozenset[str] = frozenset()) -> int:
+    """Rewrite the caches of ``model`` (in place) as the module says; the number of attentions
+    rewritten. ``exact`` names the writes whose values need no broadcast (``exact_writes``)."""
     sinks = {sink.get_variable_id(): sink for sink in model.get_sinks() if sink.get_type_name() == "Assign"}
     _freeze_static_shapes(model)
-    _scatter_along_axis(model, sinks)
+    _scatter_along_axis(model, sinks, exact)
     caches = [
         cache
         for read in model.get_ordered_ops()
-        if read.get_type_name() == "ReadValue" and (cache := _cache_write(read, sinks)) is not None
+        if read.get_type_name() == "ReadValue" and (cache := _cache_write(read, sinks, exact)) is not None
     ]
     by_attention: dict[str, list[CacheWrite]] = {}
     attention_nodes: dict[str, ov.Node] = {}
@@ -102,7 +135,7 @@ def grow_caches(model: ov.Model) -> int:
     return rewritten
 
 
-def _scatter_along_axis(model: ov.Model, sinks: dict[str, ov.Node]) -> None:
+def _scatter_along_axis(model: ov.Model, sinks: dict[str, ov.Node], exact: frozenset[str]) -> None:
     """Each variable written as the frontend writes ``index_put`` along an axis other than the first
     (the whole variable transposed to bring the axis first, whole slices scattered, transposed back)
     is written along that axis in place: a ``ScatterUpdate`` of the same rows, which moves only
@@ -113,7 +146,7 @@ def _scatter_along_axis(model: ov.Model, sinks: dict[str, ov.Node]) -> None:
         sink = sinks.get(read.get_variable_id()) if readers else None
         if sink is None or len(readers) != 1 or readers[0].get_index() != 0:
             continue
-        cache = _transposed_scatter(read, sink, readers[0].get_node())
+        cache = _transposed_scatter(read, sink, readers[0].get_node(), exact)
         if cache is None:
             continue
         axis = opset.constant(np.array(cache.axis, dtype=np.int64))
@@ -144,7 +177,7 @@ def _freeze_static_shapes(model: ov.Model) -> None:
             reader.replace_source_output(opset.constant(shape).output(0))
 
 
-def _cache_write(read: ov.Node, sinks: dict[str, ov.Node]) -> CacheWrite | None:
+def _cache_write(read: ov.Node, sinks: dict[str, ov.Node], exact: frozenset[str]) -> CacheWrite | None:
     """``read``'s variable as a cache written along one axis and read by attention only, or None."""
     sink = sinks.get(read.get_variable_id())
     readers = list(read.output(0).get_target_inputs())
@@ -161,7 +194,7 @@ def _cache_write(read: ov.Node, sinks: dict[str, ov.Node]) -> CacheWrite | None:
         axis = int(axis) % shape.rank.get_length()
         cache = CacheWrite(read, sink, axis, write.input_value(1), write.input_value(2), write.output(0))
     else:
-        cache = _transposed_scatter(read, sink, write)
+        cache = _transposed_scatter(read, sink, write, exact)
         if cache is None:
             return None
     if shape.to_shape()[cache.axis] <= BLOCK:
@@ -174,9 +207,12 @@ def _cache_write(read: ov.Node, sinks: dict[str, ov.Node]) -> CacheWrite | None:
     return cache
 
 
-def _transposed_scatter(read: ov.Node, sink: ov.Node, inner: ov.Node) -> CacheWrite | None:
+def _transposed_scatter(read: ov.Node, sink: ov.Node, inner: ov.Node, exact: frozenset[str]) -> CacheWrite | None:
     """The frontend's ``index_put`` along axis ``a``: ``Transpose(P)`` bringing ``a`` first,
-    ``ScatterNDUpdate`` of whole slices, ``Transpose(P^-1)``; as a write along ``a``."""
+    ``ScatterNDUpdate`` of whole slices, ``Transpose(P^-1)``; as a write along ``a``. The values of
+    a write in ``exact`` are taken as the model gives them, before the frontend transposes them
+    and broadcasts them to the index count (a no-op there), and its positions before they become
+    ``[N, 1]``."""
     order = _permutation(inner)
     readers = list(inner.output(0).get_target_inputs())
     if order is None or len(readers) != 1 or readers[0].get_index() != 0:
@@ -194,11 +230,39 @@ def _transposed_scatter(read: ov.Node, sink: ov.Node, inner: ov.Node) -> CacheWr
     if len(outer) != 1 or _permutation(outer[0].get_node()) != sorted(range(len(order)), key=order.__getitem__):
         return None
     axis, rest = order[0], order[1:]
+    written = outer[0].get_node().output(0)
+    given = _given_values(scatter, order, exact)
+    if given is not None:
+        return CacheWrite(read, sink, axis, *given, written)
     # The updates come as [N, *the other axes in P's order]; put N at `axis`, the others in order.
     to_natural = [0 if dim == axis else 1 + rest.index(dim) for dim in range(len(order))]
     updates = opset.transpose(scatter.input_value(2), int_constant(to_natural)).output(0)
     indices = opset.reshape(scatter.input_value(1), int_constant([-1]), special_zero=False).output(0)
-    return CacheWrite(read, sink, axis, indices, updates, outer[0].get_node().output(0))
+    return CacheWrite(read, sink, axis, indices, updates, written)
+
+
+def _given_values(scatter: ov.Node, order: list[int], exact: frozenset[str]) -> tuple[ov.Output, ov.Output] | None:
+    """The positions (1-D) and values (in the cache's layout and type) of the frontend's
+    ``index_put`` scatter, read before it reshapes, transposes and broadcasts them: when the
+    ``index_put`` is in ``exact`` and its ops are the frontend's (``[Convert] <- Broadcast <-
+    Transpose(order)`` for the values, ``Unsqueeze`` of a 1-D tensor for the positions)."""
+    updates = scatter.input_value(2).get_node()
+    converted = updates.get_type_name() == "Convert"
+    broadcast = updates.input_value(0).get_node() if converted else updates
+    transpose = broadcast.input_value(0).get_node() if broadcast.get_type_name() == "Broadcast" else None
+    unsqueeze = scatter.input_value(1).get_node()
+    if (
+        transpose is None
+        or broadcast.get_friendly_name().split("/")[0] not in exact
+        or _permutation(transpose) != order
+        or unsqueeze.get_type_name() != "Unsqueeze"
+        or unsqueeze.get_input_partial_shape(0).rank != ov.Dimension(1)
+    ):
+        return None
+    values = transpose.input_value(0)
+    if values.get_element_type() != scatter.get_output_element_type(0):
+        values = opset.convert(values, scatter.get_output_element_type(0)).output(0)
+    return unsqueeze.input_value(0), values
 
 
 def _reaches_attention(reader: ov.Input, axis: int, found: list[tuple[ov.Node, int]]) -> bool:

@@ -35,7 +35,7 @@ from openvino_backend.lowering.convert import conversion_error, convert
 from openvino_backend.lowering.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.lowering.guard import share_backend_name, upstream_preprocess
 from openvino_backend.lowering.handover import release, take_over
-from openvino_backend.lowering.kv_cache import grow_caches
+from openvino_backend.lowering.kv_cache import exact_writes, grow_caches
 from openvino_backend.lowering.partition_model import compile_key
 from openvino_backend.lowering.passes import prepare_for_frontend
 from openvino_backend.lowering.state import drop_unread_state, graph_for_conversion, make_stateful, state_buffers
@@ -97,7 +97,7 @@ class OpenvinoBackend(BackendDetails):
             make_stateful(model, states)
         if states:
             with stage("grow_caches"):
-                grow_caches(model)
+                grow_caches(model, exact_writes(graph_module))
             drop_unread_state(model)
         compiled = handed.compiled.get(compile_key(options.device, options.properties)) if handed else None
         if compiled is None:
