@@ -346,6 +346,13 @@ class _Growth:
     held: ov.Output
     end: ov.Output
     rows: dict[tuple[str, bytes], ov.Output] = field(default_factory=dict)
+    _length: ov.Output | None = None
+
+    def length(self) -> ov.Output:
+        """``[L]``: how many positions the caches hold after this call's growth."""
+        if self._length is None:
+            self._length = opset.maximum(self.held, self.end).output(0)
+        return self._length
 
 
 @dataclass
@@ -373,14 +380,24 @@ class _Shared:
 
 
 def _rewrite(model: ov.Model, attention: ov.Node, caches: list[CacheWrite], shared: _Shared) -> None:
+    """Grow ``attention``'s caches and read them as far as its mask reaches. When they all share one
+    growth (hold the same positions), the attention reads all they hold and the mask is cut there
+    instead: positions past the reach are masked in every row either way, and the caches are not
+    copied once more to cut them."""
     mask = attention.input_value(3)
     reach = shared.reach(mask)
-    for cache in caches:
-        narrowed = _grown_cache(model, cache, reach, shared)
+    grown = [(cache, *_grown_cache(model, cache, reach, shared)) for cache in caches]
+    growths = {id(growth) for _, _, growth in grown}
+    whole = len(growths) == 1
+    length = grown[0][2].length() if whole else reach
+    step = int_constant([1])
+    for cache, written, _ in grown:
+        axis = int_constant([cache.axis])
+        narrowed = written if whole else opset.slice(written, int_constant([0]), reach, step, axis).output(0)
         for reader in [r for r in cache.written.get_target_inputs() if r.get_node().get_type_name() != "Assign"]:
-            _rebuild(reader, narrowed, cache.axis, reach)
+            _rebuild(reader, narrowed, cache.axis, length)
     rank = mask.get_partial_shape().rank.get_length()
-    cut = opset.slice(mask, int_constant([0]), reach, int_constant([1]), int_constant([rank - 1]))
+    cut = opset.slice(mask, int_constant([0]), length, step, int_constant([rank - 1]))
     attention.input(3).replace_source_output(cut.output(0))
 
 
@@ -405,9 +422,9 @@ def _whole_blocks(positions: ov.Output, length: int) -> ov.Output:
     return opset.minimum(opset.multiply(blocks, int_constant([block])), int_constant([length])).output(0)
 
 
-def _grown_cache(model: ov.Model, cache: CacheWrite, reach: ov.Output, shared: _Shared) -> ov.Output:
-    """Replace ``cache``'s variable by one holding the positions written so far; the positions
-    ``[0, reach)`` after this call's write."""
+def _grown_cache(model: ov.Model, cache: CacheWrite, reach: ov.Output, shared: _Shared) -> tuple[ov.Output, _Growth]:
+    """Replace ``cache``'s variable by one holding the positions written so far (at least
+    ``[0, reach)``); the cache after this call's write, and its growth."""
     old = model.get_variable_by_id(cache.read.get_variable_id())
     initial = cache.read.input_value(0)  # the buffer's exported value, at full length
     shape = list(cache.read.get_output_partial_shape(0).to_shape())
@@ -440,7 +457,7 @@ def _grown_cache(model: ov.Model, cache: CacheWrite, reach: ov.Output, shared: _
     model.remove_variable(old)
     model.add_variables([variable])
     model.add_sinks([sink])
-    return opset.slice(written, int_constant([0]), reach, int_constant([1]), int_constant([axis])).output(0)
+    return written.output(0), growth
 
 
 def _positions_not_held(initial: ov.Output, shape: list[int], axis: int, growth: _Growth) -> ov.Output:
