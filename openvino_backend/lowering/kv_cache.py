@@ -10,7 +10,9 @@ hold tokens: decode at a context of 2048 cost twice decode at 128.
 The frontend writes ``index_put`` along an axis other than the first by
 transposing the whole cache, scattering whole slices and transposing back:
 ``grow_caches`` first makes each such write a ``ScatterUpdate`` along the axis,
-which moves only the rows written. Then it rewrites each cache longer than one
+which moves only the rows written (and, where torch.export's sizes show the
+values fill the positions written, takes them as the model gives them,
+without the frontend's broadcast to the index count: ``exact_writes``). Then it rewrites each cache longer than one
 block that is written along one axis and read only by attention (through
 views: unsqueeze, broadcast, reshape, transpose, convert), as its key or
 value, with an additive mask:
@@ -20,6 +22,10 @@ value, with an additive mask:
   past ``L`` (or the mask reaches past it), then writes its rows;
 * the attention reads positions ``[0, n)``, ``n`` the last position the mask
   leaves unmasked in any row, plus one; the mask is cut to the same ``n``.
+  When its key and value caches hold the same positions (below), it reads
+  all ``L`` they hold instead, and the mask is cut to ``L``: positions past
+  ``n`` are masked in every row either way, and the caches are not copied
+  once more to cut them.
 
 Caches of one shape written at the same positions (each layer's, computed by
 ops of its own from the same inputs: compared by what they compute) and read
