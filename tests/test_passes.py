@@ -134,6 +134,27 @@ def test_an_expand_of_a_partition_input_to_its_own_shape_stays() -> None:
     _assert_right_at(module, program.buffer, [[torch.randn(n, 4, 3, 8)] for n in (1, 5)])
 
 
+class SameShapeView(torch.nn.Module):
+    """A view to the shape it reads, written with ``-1`` and dynamic sizes (as transformers'
+    attention reshapes its output)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).reshape(x.shape[0], -1, x.shape[2], x.shape[3]) + 1
+
+
+def test_a_view_to_its_own_shape_does_not_reach_openvino() -> None:
+    module = SameShapeView().eval()
+    exported = torch.export.export(
+        module, (torch.randn(2, 4, 3, 8),), dynamic_shapes=({0: BATCH, 2: Dim("seq", max=64)},)
+    )
+    program = lower_exported(exported, partitioner=OpenvinoPartitioner())
+    assert program.exported_program().graph_module.lowered_module_0.original_module.graph.find_nodes(
+        op="call_function", target=_EDGE.view_copy.default
+    ), "the model no longer exports a view: this test tests nothing"
+    assert not _frontend_graph(program).find_nodes(op="call_function", target=_EDGE.view_copy.default)
+    _assert_right_at(module, program.buffer, [[torch.randn(size)] for size in [(1, 4, 1, 8), (3, 4, 17, 8)]])
+
+
 class RegroupedBmm(torch.nn.Module):
     """A bmm whose result is viewed with its batch regrouped: not a matmul of the unflattened inputs."""
 

@@ -1,4 +1,4 @@
-"""Expands that change no shape, removed."""
+"""Expands and views that change no shape, removed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from executorch.exir.pass_base import ExportPass, PassResult
 from openvino_backend.lowering.passes.common import EDGE, rewritten, same_shape
 
 
-class DropSameShapeExpandPass(ExportPass):
-    """``expand_copy(x, size)`` whose result has ``x``'s shape -> ``x``.
+class DropSameShapeViewsPass(ExportPass):
+    """``expand_copy(x, size)`` or ``view_copy(x, size)`` whose result has ``x``'s shape -> ``x``.
 
     Such an expand copies ``x`` and nothing else: ``repeat_interleave`` by 1 (a
     model's grouped-query attention with as many key heads as query heads)
@@ -25,11 +25,17 @@ class DropSameShapeExpandPass(ExportPass):
     out of OpenVINO. So does an expand that leaves the partition beside its
     source: without it two Results would name one tensor, which OpenVINO's
     frontend refuses.
+
+    A view to the shape it reads (transformers' attention reshapes its output to
+    ``[batch, -1, length, head_dim]``, what it already is unless its queries
+    were packed) is the same: with the length dynamic, OpenVINO keeps a
+    ``Reshape`` per layer and call.
     """
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         modified = False
-        for node in list(graph_module.graph.find_nodes(op="call_function", target=EDGE.expand_copy.default)):
+        views = [EDGE.expand_copy.default, EDGE.view_copy.default]
+        for node in [n for target in views for n in graph_module.graph.find_nodes(op="call_function", target=target)]:
             source = node.args[0]
             if not isinstance(source, torch.fx.Node) or source.op == "placeholder":
                 continue
