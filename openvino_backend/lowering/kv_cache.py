@@ -100,6 +100,8 @@ def exact_writes(graph_module: torch.fx.GraphModule) -> frozenset[str]:
         shapes = [getattr(n.meta.get("val"), "shape", None) for n in (cache, index, values)]
         if any(shape is None for shape in shapes) or len(shapes[1]) != 1:
             continue
+        if index.meta["val"].dtype in (torch.bool, torch.uint8):
+            continue  # a mask selects as many positions as it holds True, not its length
         region = (*shapes[0][:axis], shapes[1][0], *shapes[0][axis + 1 :])
         extra = len(region) - len(shapes[2])  # values broadcast as NumPy does: aligned to the right
         ones = all(statically_known_true(size == 1) for size in region[: max(extra, 0)])
