@@ -7,7 +7,7 @@ import torch
 from openvino_backend.diagnostics import OpenvinoExportError, pass_failure
 from openvino_backend.lowering.passes.attention import RecomposeAttentionPass
 from openvino_backend.lowering.passes.dim_order import RevertDimOrderOpsPass
-from openvino_backend.lowering.passes.expand import DropSameShapeViewsPass
+from openvino_backend.lowering.passes.expand import DropSameShapeExpandPass, DropSameShapeViewPass
 from openvino_backend.lowering.passes.floor_divide import DecomposeFloorDividePass
 from openvino_backend.lowering.passes.matmul import RecomposeMatmulPass
 from openvino_backend.lowering.passes.pooling import ClampWholeInputPoolPass
@@ -19,9 +19,10 @@ PASSES = (
     RevertDimOrderOpsPass,
     DecomposeFloorDividePass,
     DecomposeStoredDequantizePass,
-    DropSameShapeViewsPass,
+    DropSameShapeExpandPass,
     RecomposeMatmulPass,
     RecomposeAttentionPass,
+    DropSameShapeViewPass,
     ClampWholeInputPoolPass,
     ConstantShapeArgumentsPass,
 )

@@ -8,8 +8,8 @@ from executorch.exir.pass_base import ExportPass, PassResult
 from openvino_backend.lowering.passes.common import EDGE, rewritten, same_shape
 
 
-class DropSameShapeViewsPass(ExportPass):
-    """``expand_copy(x, size)`` or ``view_copy(x, size)`` whose result has ``x``'s shape -> ``x``.
+class DropSameShapeExpandPass(ExportPass):
+    """``expand_copy(x, size)`` whose result has ``x``'s shape -> ``x``.
 
     Such an expand copies ``x`` and nothing else: ``repeat_interleave`` by 1 (a
     model's grouped-query attention with as many key heads as query heads)
@@ -25,17 +25,14 @@ class DropSameShapeViewsPass(ExportPass):
     out of OpenVINO. So does an expand that leaves the partition beside its
     source: without it two Results would name one tensor, which OpenVINO's
     frontend refuses.
-
-    A view to the shape it reads (transformers' attention reshapes its output to
-    ``[batch, -1, length, head_dim]``, what it already is unless its queries
-    were packed) is the same: with the length dynamic, OpenVINO keeps a
-    ``Reshape`` per layer and call.
     """
+
+    TARGETS = (EDGE.expand_copy.default,)
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         modified = False
-        views = [EDGE.expand_copy.default, EDGE.view_copy.default]
-        for node in [n for target in views for n in graph_module.graph.find_nodes(op="call_function", target=target)]:
+        found = [n for target in self.TARGETS for n in graph_module.graph.find_nodes(op="call_function", target=target)]
+        for node in found:
             source = node.args[0]
             if not isinstance(source, torch.fx.Node) or source.op == "placeholder":
                 continue
@@ -48,6 +45,19 @@ class DropSameShapeViewsPass(ExportPass):
                 node.replace_all_uses_with(source)
                 modified = True
         return rewritten(graph_module, modified)
+
+
+class DropSameShapeViewPass(DropSameShapeExpandPass):
+    """``view_copy(x, size)`` whose result has ``x``'s shape -> ``x``, on the same terms.
+
+    Transformers' attention reshapes its output to ``[batch, -1, length,
+    head_dim]``, what it already is unless its queries were packed: with the
+    length dynamic, OpenVINO keeps a ``Reshape`` per layer and call. Runs after
+    the matmul and attention recompositions, which read PyTorch's views as
+    their decompositions write them.
+    """
+
+    TARGETS = (EDGE.view_copy.default,)
 
 
 def _is_output(node: torch.fx.Node) -> bool:
