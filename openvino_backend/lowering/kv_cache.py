@@ -354,13 +354,10 @@ class _Growth:
     held: ov.Output
     end: ov.Output
     rows: dict[tuple[str, bytes], ov.Output] = field(default_factory=dict)
-    _length: ov.Output | None = None
+    length: ov.Output = field(init=False)  # ``[L]``: how many positions they hold after this call's growth
 
-    def length(self) -> ov.Output:
-        """``[L]``: how many positions the caches hold after this call's growth."""
-        if self._length is None:
-            self._length = opset.maximum(self.held, self.end).output(0)
-        return self._length
+    def __post_init__(self) -> None:
+        self.length = opset.maximum(self.held, self.end).output(0)
 
 
 @dataclass
@@ -397,7 +394,7 @@ def _rewrite(model: ov.Model, attention: ov.Node, caches: list[CacheWrite], shar
     grown = [(cache, *_grown_cache(model, cache, reach, shared)) for cache in caches]
     growths = {id(growth) for _, _, growth in grown}
     whole = len(growths) == 1
-    length = grown[0][2].length() if whole else reach
+    length = grown[0][2].length if whole else reach
     step = int_constant([1])
     for cache, written, _ in grown:
         axis = int_constant([cache.axis])
