@@ -374,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", nargs="+", choices=("f32", "int8", "int4"), help="--anchors: only these weights")
     parser.add_argument("--rounds", type=int, help="--anchors: interleaved rounds (default 5)")
     parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        help="--anchors: the prompt's length (default 56; a longer one times decode over a long cache)",
+        metavar="N",
+    )
+    parser.add_argument(
         "--deploy",
         action="store_true",
         help="only programs as deployments run them: 1,000 calls from a file, ExecuTorch's C++ LLM runner",
@@ -449,13 +455,28 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(runner_rows, headers=RUNNER_HEADERS))
         return 0
     if args.llm and args.anchors:
-        from bench.anchors import HEADERS, LLAMA_HEADERS, ROUNDS, WEIGHTS, bench_anchors
+        from bench.anchors import (
+            HEADERS,
+            LLAMA_HEADERS,
+            PROMPT_TOKENS,
+            ROUNDS,
+            WEIGHTS,
+            bench_anchors,
+            check_prompt_tokens,
+        )
+
+        prompt_tokens = PROMPT_TOKENS if args.prompt_tokens is None else args.prompt_tokens
+        try:
+            check_prompt_tokens(prompt_tokens)
+        except ValueError as error:
+            parser.error(f"--prompt-tokens: {error}")
 
         with nncf_off_stdout():
             rows, llama_rows, what = bench_anchors(
                 working_size=args.working_size,
                 weights_kept=tuple(args.weights or WEIGHTS),
                 rounds=args.rounds or ROUNDS,
+                prompt_tokens=prompt_tokens,
             )
         print(f"\nOurs against OpenVINO GenAI (optimum-intel's export, the same OpenVINO): {what}")
         print(tabulate(rows, headers=HEADERS))

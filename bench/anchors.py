@@ -1,6 +1,6 @@
 """Ours against what an OpenVINO user and a llama.cpp user run, on the same checkpoint.
 
-``python -m bench --llm --anchors [--working-size]``. The anchors:
+``python -m bench --llm --anchors [--working-size] [--prompt-tokens N]``. The anchors:
 
 * OpenVINO GenAI's ``LLMPipeline`` (the same OpenVINO) on the model ``optimum-cli export
   openvino --task text-generation-with-past`` writes, its weights ``fp32``, ``int8 --sym`` or
@@ -154,14 +154,22 @@ def working_checkpoint() -> Path:
     return out
 
 
-def prompt_ids(checkpoint: Path, vocab: int | None = None) -> list[int]:
-    """``PROMPT_TOKENS`` token ids of ``TEXT`` (every id below ``vocab``, if given)."""
+def prompt_ids(checkpoint: Path, vocab: int | None = None, count: int = PROMPT_TOKENS) -> list[int]:
+    """``count`` token ids of ``TEXT``, repeated as often as it takes (every id below ``vocab``, if given)."""
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(checkpoint)(TEXT).input_ids
-    if len(ids) < PROMPT_TOKENS:
-        raise RuntimeError(f"the prompt text gives {len(ids)} tokens, fewer than {PROMPT_TOKENS}")
-    return [i % vocab if vocab else i for i in ids[:PROMPT_TOKENS]]
+    if not ids:
+        raise RuntimeError("the prompt text gives no tokens")
+    ids = ids * -(-count // len(ids))
+    return [i % vocab if vocab else i for i in ids[:count]]
+
+
+def check_prompt_tokens(count: int) -> None:
+    """A prompt of ``count`` tokens and ``TOKENS`` more must fit the programs' context."""
+    longest = CONTEXT - TOKENS - 1
+    if not 1 <= count <= longest:
+        raise ValueError(f"prompt of {count} tokens: give 1 to {longest} ({TOKENS} tokens follow it in {CONTEXT})")
 
 
 def measure(kind: str, model: Path, prompt: list[int]) -> dict:
@@ -196,14 +204,20 @@ def _equal_prefix(a: list[int], b: list[int]) -> str:
 
 
 def bench_anchors(
-    working_size: bool = False, weights_kept: tuple[str, ...] = WEIGHTS, rounds: int = ROUNDS
+    working_size: bool = False,
+    weights_kept: tuple[str, ...] = WEIGHTS,
+    rounds: int = ROUNDS,
+    prompt_tokens: int = PROMPT_TOKENS,
 ) -> tuple[list[tuple], list[tuple], str]:
     """Rows per (model, weights) against GenAI, for ``weights_kept``; llama.cpp's row against ours int4
-    (when int4 is kept); what was run."""
+    (when int4 is kept); what was run. Decode is timed after a prompt of ``prompt_tokens``: a long one
+    times each token over a long cache."""
+    check_prompt_tokens(prompt_tokens)
     smollm2 = checkpoint_directory()
-    models = [("SmolLM2-135M", smollm2, prompt_ids(smollm2))]
+    models = [("SmolLM2-135M", smollm2, prompt_ids(smollm2, count=prompt_tokens))]
     if working_size:
-        models.append(("Llama 2048x16", working_checkpoint(), prompt_ids(smollm2, WORKING["vocab_size"])))
+        working_prompt = prompt_ids(smollm2, WORKING["vocab_size"], prompt_tokens)
+        models.append(("Llama 2048x16", working_checkpoint(), working_prompt))
     contenders = []  # (model name, weights, kind, path, prompt)
     for name, checkpoint, prompt in models:
         for weights in weights_kept:
@@ -255,7 +269,7 @@ def bench_anchors(
                 )
             )
     if "int4" not in weights_kept:
-        return rows, [], _what(rounds)
+        return rows, [], _what(rounds, prompt_tokens)
     ours4, cpp = ("SmolLM2-135M", "int4", "ours"), llama[:3]
     c = ok(cpp)
     llama_rows = [
@@ -269,12 +283,12 @@ def bench_anchors(
             _median([x["peak_mb"] for x in c]),
         )
     ]
-    return rows, llama_rows, _what(rounds)
+    return rows, llama_rows, _what(rounds, prompt_tokens)
 
 
-def _what(rounds: int) -> str:
+def _what(rounds: int, prompt_tokens: int) -> str:
     return (
-        f"{PROMPT_TOKENS}-token prompts in one call (median of 3), then {TOKENS} greedy tokens; ours at context "
+        f"{prompt_tokens}-token prompts in one call (median of 3), then {TOKENS} greedy tokens; ours at context "
         f"{CONTEXT}; {rounds} interleaved rounds, each contender a fresh process; ratios: median of per-round ratios"
     )
 
