@@ -23,6 +23,7 @@ greedy tokens, the process's peak memory; ratios are the median of the per-round
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -161,8 +162,7 @@ def prompt_ids(checkpoint: Path, vocab: int | None = None, count: int = PROMPT_T
     ids = AutoTokenizer.from_pretrained(checkpoint)(TEXT).input_ids
     if not ids:
         raise RuntimeError("the prompt text gives no tokens")
-    ids = ids * -(-count // len(ids))
-    return [i % vocab if vocab else i for i in ids[:count]]
+    return [i % vocab if vocab else i for i in itertools.islice(itertools.cycle(ids), count)]
 
 
 def check_prompt_tokens(count: int) -> None:
