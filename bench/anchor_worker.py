@@ -92,13 +92,32 @@ def genai(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
     return _measured(run, prompt, tokens)
 
 
-def llamacpp(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
-    """llama.cpp (``llama-cpp-python``) on the GGUF file, two threads for decode and prefill."""
+def llamacpp(model: str, prompt: Sequence[int], tokens: int, context: int, extra_buffers: bool = True) -> dict:
+    """llama.cpp (``llama-cpp-python``) on the GGUF file, two threads for decode and prefill.
+
+    Without ``extra_buffers``, as ``llama-cli --no-repack`` runs it: its weights stay in plain CPU
+    buffers, not repacked for its AMX or interleaved kernels (``llama_model_params.use_extra_bufts``,
+    which ``Llama`` does not take, so its default parameters are amended while it loads).
+    """
     import llama_cpp
+    import llama_cpp.llama as high_level
     import numpy as np
 
     threads = len(os.sched_getaffinity(0))
-    llm = llama_cpp.Llama(model_path=model, n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
+    defaults = high_level.llama_cpp.llama_model_default_params
+
+    def amended() -> object:
+        params = defaults()
+        params.use_extra_bufts = extra_buffers
+        return params
+
+    high_level.llama_cpp.llama_model_default_params = amended
+    try:
+        llm = llama_cpp.Llama(
+            model_path=model, n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
+    finally:
+        high_level.llama_cpp.llama_model_default_params = defaults
 
     def run(count: int, ids: Sequence[int] = prompt) -> tuple[float, list[float], list[int]]:
         llm.reset()
@@ -154,13 +173,17 @@ def main() -> int:
     parser.add_argument("--prompt", required=True, help="token ids, comma-separated")
     parser.add_argument("--tokens", type=int, default=64, help="greedy tokens after the prompt")
     parser.add_argument("--context", type=int, default=2048, help="llama.cpp's context")
+    parser.add_argument("--no-extra-buffers", action="store_true", help="llama.cpp as `llama-cli --no-repack` runs it")
     args = parser.parse_args()
+    if args.no_extra_buffers and args.kind != "llamacpp":
+        parser.error("--no-extra-buffers is llama.cpp's")
     out = os.fdopen(os.dup(1), "w", buffering=1)  # the answer; what the libraries print goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     prompt = [int(t) for t in args.prompt.split(",")]
     try:
-        answer = KINDS[args.kind](args.model, prompt, args.tokens, args.context)
+        options = {"extra_buffers": False} if args.no_extra_buffers else {}
+        answer = KINDS[args.kind](args.model, prompt, args.tokens, args.context, **options)
     except Exception as error:  # reported as the bench's cell
         answer = {"error": f"{type(error).__name__}: {error}"}
     print(json.dumps(answer), file=out)

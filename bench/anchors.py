@@ -56,6 +56,7 @@ ANCHOR_PACKAGES = (
     "llama-cpp-python==0.3.36",
 )
 NO_DEPS = ("optimum-intel==2.2.0",)
+NO_EXTRA_BUFFERS = "--no-extra-buffers"
 WEIGHTS = ("f32", "int8", "int4")
 OPTIMUM_WEIGHTS = {
     "f32": ["--weight-format", "fp32"],
@@ -172,11 +173,12 @@ def check_prompt_tokens(count: int) -> None:
         raise ValueError(f"prompt of {count} tokens: give 1 to {longest} ({TOKENS} tokens follow it in {CONTEXT})")
 
 
-def measure(kind: str, model: Path, prompt: list[int]) -> dict:
-    """One contender in a fresh process: its JSON answer (or ``error``)."""
+def measure(kind: str, model: Path, prompt: list[int], options: tuple[str, ...] = ()) -> dict:
+    """One contender in a fresh process: its JSON answer (or ``error``, with ``exit``: a negative one is
+    the signal that killed it)."""
     python = sys.executable if kind == "ours" else str(anchors_python())
     command = [python, str(WORKER), kind, str(model), "--prompt", ",".join(map(str, prompt))]
-    command += ["--tokens", str(TOKENS), "--context", str(CONTEXT)]
+    command += ["--tokens", str(TOKENS), "--context", str(CONTEXT), *options]
     # The worker imports the package from its source tree, whichever directory the bench runs from.
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     if kind != "ours":  # bench/__init__.py's passive OpenMP waiting is for PyTorch; llama.cpp's threads need theirs
@@ -184,8 +186,22 @@ def measure(kind: str, model: Path, prompt: list[int]) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
-        return {"error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:] or ''}"}
+        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        return {"error": f"{how}: {done.stderr.strip().splitlines()[-1:] or ''}", "exit": done.returncode}
     return json.loads(lines[-1])
+
+
+def measure_llamacpp(model: Path, prompt: list[int], options: list[str]) -> dict:
+    """llama.cpp as built for this CPU; if that crashes, from then on (``options`` remembers) as
+    ``llama-cli --no-repack`` runs it, which is what its user would do. Seen on an Intel Xeon with AMX:
+    llama-cpp-python 0.3.36's AMX matmul (``ggml_backend_amx_mul_mat``) dies of SIGSEGV on the first
+    prompt, and runs without its extra buffer types."""
+    answer = measure("llamacpp", model, prompt, tuple(options))
+    if answer.get("exit", 0) < 0 and not options:
+        logger.warning("llama.cpp crashed (%s): measured without its extra buffer types from now on", answer["error"])
+        options.append(NO_EXTRA_BUFFERS)
+        answer = measure("llamacpp", model, prompt, tuple(options))
+    return answer
 
 
 def _size_mb(path: Path) -> float:
@@ -232,10 +248,16 @@ def bench_anchors(
     if "int4" in weights_kept:
         contenders.append(llama)
     results: dict[tuple, list[dict]] = {c[:3]: [] for c in contenders}
+    llama_options: list[str] = []
     for round_ in range(rounds):
         order = contenders[round_ % len(contenders) :] + contenders[: round_ % len(contenders)]
         for name, weights, kind, path, prompt in order:
-            answer = measure(kind, path, prompt) if path is not None else {"error": "not exported"}
+            if path is None:
+                answer = {"error": "not exported"}
+            elif kind == "llamacpp":
+                answer = measure_llamacpp(path, prompt, llama_options)
+            else:
+                answer = measure(kind, path, prompt)
             if "error" in answer:
                 logger.error("%s %s %s: %s", name, weights, kind, answer["error"])
             results[(name, weights, kind)].append(answer)
@@ -274,7 +296,7 @@ def bench_anchors(
     c = ok(cpp)
     llama_rows = [
         (
-            "llama.cpp Q4_1",
+            "llama.cpp Q4_1" + (" --no-repack" if llama_options else ""),
             _median([x["decode_ms"] for x in c]),
             _median(ratios(ours4, cpp, "decode_ms")),
             _median([x["prefill_ms"] for x in c]),

@@ -1,5 +1,6 @@
 """``bench --llm --anchors --prompt-tokens N`` times decode after a prompt of N tokens: one that, with the
-tokens generated after it, would not fit the programs' context is refused before anything is exported."""
+tokens generated after it, would not fit the programs' context is refused before anything is exported.
+llama.cpp, when its build for this CPU crashes, is measured as ``llama-cli --no-repack`` runs it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.anchors import CONTEXT, TOKENS, check_prompt_tokens
+import bench.anchors
+from bench.anchors import CONTEXT, NO_EXTRA_BUFFERS, TOKENS, check_prompt_tokens, measure_llamacpp
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,3 +29,40 @@ def test_the_command_line_refuses_a_prompt_past_the_context() -> None:
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 2
     assert f"--prompt-tokens: prompt of {CONTEXT} tokens" in done.stderr
+
+
+def test_llama_cpp_that_crashes_is_measured_without_its_extra_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    answers = iter(
+        [
+            {"error": "exit -11: []", "exit": -11},  # killed by SIGSEGV
+            {"decode_ms": 9.0},
+            {"decode_ms": 8.0},
+        ]
+    )
+
+    def measure(kind: str, model: Path, prompt: list[int], options: tuple[str, ...] = ()) -> dict:
+        calls.append((kind, options))
+        return next(answers)
+
+    monkeypatch.setattr(bench.anchors, "measure", measure)
+    options: list[str] = []
+    assert measure_llamacpp(Path("m.gguf"), [1], options) == {"decode_ms": 9.0}
+    assert calls == [("llamacpp", ()), ("llamacpp", (NO_EXTRA_BUFFERS,))]
+    assert measure_llamacpp(Path("m.gguf"), [1], options) == {"decode_ms": 8.0}  # remembered: one call
+    assert calls[2:] == [("llamacpp", (NO_EXTRA_BUFFERS,))]
+
+
+def test_llama_cpp_that_fails_without_crashing_is_reported_as_it_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = {"error": "exit 1: ['FileNotFoundError']", "exit": 1}
+    monkeypatch.setattr(bench.anchors, "measure", lambda *args, **kwargs: failed)
+    options: list[str] = []
+    assert measure_llamacpp(Path("m.gguf"), [1], options) is failed
+    assert options == []
+
+
+def test_the_worker_takes_no_extra_buffers_for_llama_cpp_alone() -> None:
+    command = [sys.executable, "bench/anchor_worker.py", "ours", "x.pte", "--prompt", "1", NO_EXTRA_BUFFERS]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 2
+    assert "--no-extra-buffers is llama.cpp's" in done.stderr
