@@ -3,11 +3,14 @@ activations quantized to int8 on the fly, which a correct result may differ by; 
 
 from __future__ import annotations
 
+import openvino as ov
 import pytest
 import torch
 from executorch.exir import EdgeCompileConfig
+from executorch.exir._serialize._program import deserialize_pte_binary
 
 import openvino_backend.partition.numerical as numerical
+from openvino_backend import OpenvinoPartitioner
 from openvino_backend.partition.quantized import DYNAMIC_GROUP, _quantize_groups
 from openvino_backend.tools.verify import LoadedMethod, lower_exported
 from tests.harness import TARGET_PRECISIONS, partitioner_for
@@ -48,6 +51,21 @@ def test_compressed_weights_are_delegated_whole_at_every_precision(precision: st
     (got,) = LoadedMethod(program.buffer)([x[0]])
     want = model(x[0])
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.999
+
+
+def test_the_runtime_quantizes_activations_in_the_groups_the_check_emulates() -> None:
+    # The stock runtime imports a blob with no properties: it computes with OpenVINO's default group size
+    # and whatever runtime options the model's rt_info carried into the blob (those survive the import).
+    # Were either other than DYNAMIC_GROUP, the numerical check would judge a computation the runtime
+    # does not run.
+    model, x = _compressed("INT4_SYM")
+    program = lower_exported(torch.export.export(model, x), partitioner=OpenvinoPartitioner(), compile_config=UNPACKING)
+    flat = deserialize_pte_binary(program.buffer)
+    blobs = getattr(flat, "program", flat).backend_delegate_data
+    assert blobs, "nothing was delegated"
+    for blob in blobs:
+        compiled = ov.Core().import_model(bytes(blob.data), "CPU")
+        assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == DYNAMIC_GROUP
 
 
 @pytest.mark.parametrize("precision", TARGET_PRECISIONS)

@@ -148,8 +148,10 @@ def _quant_range(node: torch.fx.Node, dtype: torch.dtype) -> tuple[int, int]:
 
 # OpenVINO's CPU plugin multiplies compressed weights (integer constants and their dequantize) with
 # activations it quantizes on the fly: symmetric int8, a scale per group of this many elements along
-# the reduction (DYNAMIC_QUANTIZATION_GROUP_SIZE; an imported blob always has the default, as the
-# stock runtime's does). Measured against OpenVINO 2026.4.1: its result is this emulation's, exactly.
+# the reduction (DYNAMIC_QUANTIZATION_GROUP_SIZE). The stock runtime imports a blob with no properties,
+# so it computes with the default, unless the model's rt_info carried ``runtime_options`` into the blob
+# (they survive the import), which ours never do. Measured against OpenVINO 2026.4.1: its result is this
+# emulation's, exactly (tests/test_compressed.py also checks an exported blob imports with this group).
 DYNAMIC_GROUP = 32
 # Matmuls, with the position of the activation and of the weight among their arguments.
 _MATMULS = {
