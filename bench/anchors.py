@@ -6,7 +6,8 @@
   openvino --task text-generation-with-past`` writes, its weights ``fp32``, ``int8 --sym`` or
   ``int4 --sym --group-size 128 --ratio 1.0`` (``--group-size-fallback adjust``: 576, the
   model's width, is not a multiple of 128; ``export-llm`` adjusts the same way);
-* llama.cpp (``llama-cpp-python``) on the GGUF file the checkpoint comes from (Q4_1).
+* llama.cpp (``llama-cpp-python``) on the GGUF file the checkpoint comes from (Q4_1); where its
+  build for this CPU crashes, as ``llama-cli --no-repack`` runs it (``measure_llamacpp``).
 
 They live in an environment of their own, made on first use under
 ``~/.cache/openvino_backend/anchors`` (``ANCHOR_PACKAGES``): optimum-intel 2.2 requires
