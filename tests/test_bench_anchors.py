@@ -35,7 +35,7 @@ def test_llama_cpp_that_crashes_is_measured_without_its_extra_buffers(monkeypatc
     calls = []
     answers = iter(
         [
-            {"error": "exit -11: []", "exit": -11},  # killed by SIGSEGV
+            {"error": "killed by signal 11: []", "exit": -11},  # SIGSEGV, as measure() reports it
             {"decode_ms": 9.0},
             {"decode_ms": 8.0},
         ]
