@@ -176,3 +176,34 @@ def test_a_weight_written_in_place_is_not_recomputed() -> None:
     values = sample_values(program, (x,))
     assert values is not None
     assert torch.equal(values[transpose], original.T)
+
+
+def test_large_copies_are_recomputed_and_copies_of_written_values_held() -> None:
+    """A copy of a value (an LLM's cache with its key heads expanded, a view's copy) is computed
+    again from the held value it copies: on a decoder, holding every such copy held its caches'
+    memory many times over. A copy of a value written in place afterwards is held as it was."""
+
+    class Expand(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            doubled = x * 2  # held: computed from the input
+            return doubled.expand(4, 512, 256).reshape(8, 256, 256) + 1
+
+    x = torch.randn(1, 512, 256)
+    program = to_edge(torch.export.export(Expand(), (x,))).exported_program()
+    values = sample_values(program, (x,))
+    assert values is not None
+    calls = {node.name.removeprefix("aten_"): node for node in values}
+    doubled, expanded, reshaped = calls["mul_tensor"], calls["expand_copy_default"], calls["view_copy_default"]
+    assert values[doubled] is values[doubled]
+    assert values[expanded] is not values[expanded], "a 2 MiB expanded copy was held"
+    assert values[reshaped] is not values[reshaped], "a 2 MiB reshaped copy was held"
+    torch.testing.assert_close(values[reshaped], (x * 2).expand(4, 512, 256).reshape(8, 256, 256))
+
+    graph = program.graph
+    with graph.inserting_after(expanded):
+        graph.call_function(torch.ops.aten.add_.Scalar, (doubled, 1.0))  # written after its copy
+    program.graph_module.recompile()
+    values = sample_values(program, (x,))
+    assert values is not None
+    assert values[expanded] is values[expanded], "a copy of a value written in place must be held"
+    torch.testing.assert_close(values[expanded], (x * 2).expand(4, 512, 256))

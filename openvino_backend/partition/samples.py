@@ -23,17 +23,20 @@ from openvino_backend.transform.fold import mutated_in_place
 
 logger = logging.getLogger(__name__)
 
-# A value computed from the weights alone at least this large is recomputed when asked for, not held.
+# A value at least this large that computing again gives again is recomputed when asked for, not held.
 RECOMPUTED_BYTES = 1 << 20
 
 
 class SampleValues(Mapping[torch.fx.Node, object]):
     """Every node's value in eager PyTorch.
 
-    A large value computed from the weights alone (a weight transposed, a compressed weight
-    dequantized) is computed again from its inputs each time it is asked for, not held: a
-    model's weights pass through several such steps, and holding each would hold the weights'
-    memory several times over while the partitions are checked.
+    A large value that computing again from its inputs gives again, and cheaply, is computed
+    again each time it is asked for, not held: one computed from the weights alone (a weight
+    transposed, a compressed weight dequantized: a model's weights pass through several such
+    steps), and a copy of another value (a view's copy, a layout change, a cast: an LLM's cache
+    passes through several per layer, its key and value heads expanded for every query head).
+    Holding each would hold the weights' and the caches' memory several times over while the
+    partitions are checked.
     """
 
     _RECOMPUTED = object()  # held in place of a value computed again when asked for
@@ -41,16 +44,17 @@ class SampleValues(Mapping[torch.fx.Node, object]):
     def __init__(self) -> None:
         self._values: dict[torch.fx.Node, object] = {}
 
-    def record(self, node: torch.fx.Node, value: object, *, from_weights: bool) -> None:
-        """``value``, computed for ``node``; ``from_weights``: from the program's weights alone."""
-        recomputable = (
-            from_weights
+    def record(self, node: torch.fx.Node, value: object, *, recomputable: bool) -> None:
+        """``value``, computed for ``node``; ``recomputable``: computing ``node`` again from the
+        values of its inputs gives ``value`` again."""
+        recomputed = (
+            recomputable
             and node.op == "call_function"
             and torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())
             and isinstance(value, torch.Tensor)
             and value.nbytes >= RECOMPUTED_BYTES
         )
-        self._values[node] = self._RECOMPUTED if recomputable else value
+        self._values[node] = self._RECOMPUTED if recomputed else value
 
     def __getitem__(self, node: torch.fx.Node) -> object:
         value = self._values[node]
@@ -132,14 +136,22 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
     class Recorder(torch.fx.Interpreter):
         def run_node(self, node: torch.fx.Node) -> object:
             result = super().run_node(node)
-            if node.op == "call_function" and node not in written and all(n in weights for n in node.all_input_nodes):
+            unchanged = node not in written and not any(n in written for n in node.all_input_nodes)
+            if node.op == "call_function" and unchanged and all(n in weights for n in node.all_input_nodes):
                 weights.add(node)
-            values.record(node, result, from_weights=node in weights)
+            values.record(node, result, recomputable=node in weights or (unchanged and _copies(node)))
             return result
 
     with torch.no_grad():
         Recorder(program.graph_module).run(*flat, enable_io_processing=False)
     return values
+
+
+def _copies(node: torch.fx.Node) -> bool:
+    """True when ``node`` copies its input's values, or some of them, with no arithmetic."""
+    if node.op != "call_function":
+        return False
+    return torch.Tag.view_copy in getattr(node.target, "tags", ()) or facts(node).copy is not None
 
 
 def _hint(size: int | torch.SymInt) -> int:

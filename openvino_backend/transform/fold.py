@@ -21,9 +21,12 @@ import logging
 import torch
 from executorch.exir.passes.constant_prop_pass import (
     create_constant_nodes_and_return_specs,
-    get_propagated_const_tensor_dict,
+    get_constant_placeholder_dict,
+    get_data,
+    is_const,
 )
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 
 from openvino_backend.ops import not_folded
 from openvino_backend.transform import copied
@@ -60,29 +63,48 @@ def fold_constant_subgraphs(program: ExportedProgram, max_bytes: int = MAX_FOLDE
 
 def _foldable(program: ExportedProgram, max_bytes: int) -> dict[torch.fx.Node, torch.Tensor]:
     """Constant placeholders and the computed nodes to fold, with values; empty if nothing to fold."""
-    values = get_propagated_const_tensor_dict(program, custom_skip_targets=set(not_folded()))
+    values = _propagated(program)
+    outputs = set(program.graph.output_node().all_input_nodes)
+    folded = {
+        node: value
+        for node, value in values.items()
+        if node.op == "placeholder"
+        or (isinstance(value, torch.Tensor) and node not in outputs and _nbytes(value) <= max_bytes)
+    }
+    return folded if any(node.op != "placeholder" for node in folded) else {}
+
+
+def _propagated(program: ExportedProgram) -> dict[torch.fx.Node, object]:
+    """The value of every constant placeholder and computed node that may be folded.
+
+    Never folded, nor anything computed from them, so never computed here: weights (parameters,
+    buffers, and constants larger than a literal: a compressed weight's dequantize must reach
+    OpenVINO as it is), and tensors the program changes in place (a folded one would be a
+    constant that the program mutates, which torch refuses). ExecuTorch's
+    ``get_propagated_const_tensor_dict`` computes everything it can and holds it all: on an
+    LLM, every weight dequantized, several times over, at once.
+    """
     signature = program.graph_signature
     stored = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
-    outputs = set(program.graph.output_node().all_input_nodes)
-    # Never folded, nor anything computed from them: weights (parameters, buffers, and constants
-    # larger than a literal: a compressed weight's dequantize must reach OpenVINO as it is), and
-    # tensors the program changes in place (a folded one would be a constant that the program
-    # mutates, which torch refuses).
-    unfoldable: set[torch.fx.Node] = mutated_in_place(program.graph)
-    folded = {}
-    for node, value in values.items():
-        if node.op == "placeholder":
-            if node.name in stored or (isinstance(value, torch.Tensor) and _nbytes(value) > MAX_LITERAL_BYTES):
-                unfoldable.add(node)
-            elif node not in unfoldable:
-                folded[node] = value
+    mutated = mutated_in_place(program.graph)
+    values: dict[torch.fx.Node, object] = {
+        node: value
+        for node, value in get_constant_placeholder_dict(program).items()
+        if node.name not in stored and node not in mutated and _nbytes(value) <= MAX_LITERAL_BYTES
+    }
+    skipped = not_folded()
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target in skipped or node.is_impure() or node in mutated:
             continue
-        if node in unfoldable or any(source in unfoldable for source in node.all_input_nodes):
-            unfoldable.add(node)
+        if not is_const((node.args, node.kwargs), program, values):
             continue
-        if isinstance(value, torch.Tensor) and node not in outputs and _nbytes(value) <= max_bytes:
-            folded[node] = value
-    return folded if any(node.op != "placeholder" for node in folded) else {}
+        args, kwargs = pytree.tree_map(lambda x: get_data(x, program, values), (node.args, node.kwargs))
+        with torch.no_grad():
+            value = node.target(*args, **kwargs)
+        # ExecuTorch stores no zero strides (a broadcast, an expand): a folded tensor is dense.
+        dense = isinstance(value, torch.Tensor) and 0 in value.stride()
+        values[node] = value.contiguous() if dense else value  # a tuple is read through getitem
+    return values
 
 
 def mutated_in_place(graph: torch.fx.Graph) -> set[torch.fx.Node]:
