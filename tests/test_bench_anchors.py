@@ -66,3 +66,13 @@ def test_the_worker_takes_no_extra_buffers_for_llama_cpp_alone() -> None:
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 2
     assert "--no-extra-buffers is llama.cpp's" in done.stderr
+
+
+def test_our_program_is_exported_by_the_command_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """The bench exports with ``export-llm`` in a fresh process: what fails is reported with the
+    command's own message, and leaves no program behind for the next run to take as done."""
+    checkpoint = tmp_path / "not-a-model"
+    checkpoint.mkdir()
+    with pytest.raises(RuntimeError, match=r"export-llm failed \(exit 3\): .*not-a-model: expected a params.json"):
+        bench.anchors.our_program(checkpoint, "int4")
+    assert not list((tmp_path / "anchors").glob("*.pte"))
