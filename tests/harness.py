@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager
+from executorch.exir._serialize._program import deserialize_pte_binary
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
@@ -75,3 +76,9 @@ TARGET_PRECISIONS = supported_precisions("CPU")
 def partitioner_for(precision: str, **options: object) -> OpenvinoPartitioner:
     """A partitioner whose numerical check targets a CPU computing in ``precision``."""
     return OpenvinoPartitioner([CompileSpec("inference_precision", precision.encode())], **options)
+
+
+def delegate_blobs(buffer: bytes) -> list[bytes]:
+    """The delegate blobs a program holds inline (as this project writes it), in the program's order."""
+    program = deserialize_pte_binary(buffer)
+    return [bytes(data.data) for data in getattr(program, "program", program).backend_delegate_data]

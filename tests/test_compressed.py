@@ -7,13 +7,12 @@ import openvino as ov
 import pytest
 import torch
 from executorch.exir import EdgeCompileConfig
-from executorch.exir._serialize._program import deserialize_pte_binary
 
 import openvino_backend.partition.numerical as numerical
 from openvino_backend import OpenvinoPartitioner
 from openvino_backend.partition.quantized import DYNAMIC_GROUP, _quantize_groups
 from openvino_backend.tools.verify import LoadedMethod, lower_exported
-from tests.harness import TARGET_PRECISIONS, partitioner_for
+from tests.harness import TARGET_PRECISIONS, delegate_blobs, partitioner_for
 
 nncf = pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
 # NNCF unpacks 4-bit weights with a shift that is no core ATen op (OpenVINO folds it into a u4 constant).
@@ -60,11 +59,10 @@ def test_the_runtime_quantizes_activations_in_the_groups_the_check_emulates() ->
     # does not run.
     model, x = _compressed("INT4_SYM")
     program = lower_exported(torch.export.export(model, x), partitioner=OpenvinoPartitioner(), compile_config=UNPACKING)
-    flat = deserialize_pte_binary(program.buffer)
-    blobs = getattr(flat, "program", flat).backend_delegate_data
+    blobs = delegate_blobs(program.buffer)
     assert blobs, "nothing was delegated"
     for blob in blobs:
-        compiled = ov.Core().import_model(bytes(blob.data), "CPU")
+        compiled = ov.Core().import_model(blob, "CPU")
         assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == DYNAMIC_GROUP
 
 

@@ -152,10 +152,10 @@ COMPRESS_PT2E = textwrap.dedent(
     import torch
     import openvino as ov
     import openvino_backend.lowering.preprocess as ours
-    from executorch.exir._serialize._program import deserialize_pte_binary
     from openvino_backend.llm.export import export_decoder, lower_graph
     from openvino_backend.llm.generate import Generator
     from openvino_backend.llm.models import load_decoder
+    from tests.harness import delegate_blobs
 
     lowered_here = []
     validate = ours.validate_compiled
@@ -175,10 +175,9 @@ COMPRESS_PT2E = textwrap.dedent(
     recipe = export_decoder(decoder, weights="int4")  # export-llm --weights int4
 
     def compiled(buffer):
-        program = deserialize_pte_binary(buffer)
-        program = getattr(program, "program", program)
-        assert len(program.backend_delegate_data) == 1, len(program.backend_delegate_data)
-        model = ov.Core().import_model(bytes(program.backend_delegate_data[0].data), "CPU").get_runtime_model()
+        blobs = delegate_blobs(buffer)
+        assert len(blobs) == 1, len(blobs)
+        model = ov.Core().import_model(blobs[0], "CPU").get_runtime_model()
         layers = collections.Counter(op.get_rt_info()["layerType"].astype(str) for op in model.get_ops())
         constants = collections.Counter(
             str(op.get_output_element_type(0)) for op in model.get_ops()
