@@ -14,8 +14,8 @@ They live in an environment of their own, made on first use under
 ``transformers<5.6``, and the recipe is tested with newer; nothing of theirs enters the
 package's dependencies.
 
-SmolLM2-135M-Instruct (``bench/real_checkpoint.py``), ours exported with ``export-llm``'s
-defaults at context ``CONTEXT``: f32, int8 and int4 weights. With ``--working-size``, a
+SmolLM2-135M-Instruct (``bench/real_checkpoint.py``), ours exported with ``export-llm`` at
+context ``CONTEXT``: f32, int8 (``--sym``, GenAI's scheme) and int4 weights. With ``--working-size``, a
 Llama of dim 2048, 16 layers (32 query, 8 key heads), random weights, against GenAI only.
 Each contender runs in a fresh process per round (``bench/anchor_worker.py``), rounds
 interleaved: the prompt's prefill in one call, the median ms of a token over ``TOKENS``
@@ -64,6 +64,8 @@ OPTIMUM_WEIGHTS = {
     "int8": ["--weight-format", "int8", "--sym"],
     "int4": ["--weight-format", "int4", "--sym", "--group-size", "128", "--ratio", "1.0"],
 }
+# Ours with GenAI's weight scheme: its int8 is --sym, so ours is too (export-llm's int4 always is).
+OURS_WEIGHTS = {"f32": [], "int8": ["--sym"], "int4": []}
 CONTEXT = 2048
 PROMPT_TOKENS = 56
 TOKENS = 64
@@ -130,13 +132,15 @@ def our_program(checkpoint: Path, weights: str) -> Path:
     """``export-llm``'s program of ``checkpoint`` with ``weights`` at context ``CONTEXT``, kept beside it.
     Exported by the command a user runs, in a process of its own: the memory one export leaves
     behind is not there for the next (three in one process did not fit 24 GiB at the working size)."""
-    out = checkpoint.parent / "anchors" / f"{checkpoint.name}-ours-{weights}.pte"
+    options = OURS_WEIGHTS[weights]
+    name = "-".join([checkpoint.name, "ours", weights, *(option.strip("-") for option in options)])
+    out = checkpoint.parent / "anchors" / f"{name}.pte"
     if out.is_file():
         return out
     logger.warning("exporting %s with export-llm (%s)", checkpoint.name, weights)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "openvino_backend", "export-llm", str(checkpoint)]
-    command += ["--max-seq-len", str(CONTEXT), "--weights", weights, "-o", str(out)]
+    command += ["--max-seq-len", str(CONTEXT), "--weights", weights, *options, "-o", str(out)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:

@@ -76,3 +76,23 @@ def test_our_program_is_exported_by_the_command_in_a_process_of_its_own(tmp_path
     with pytest.raises(RuntimeError, match=r"export-llm failed \(exit 3\): .*not-a-model: expected a params.json"):
         bench.anchors.our_program(checkpoint, "int4")
     assert not list((tmp_path / "anchors").glob("*.pte"))
+
+
+def test_our_int8_program_takes_genais_weight_scheme(tmp_path: Path, monkeypatch) -> None:
+    """GenAI's int8 anchor is optimum-cli's ``--sym``: ours is exported symmetric too, under a name of its
+    own (an asymmetric program left by an earlier run is not taken for it)."""
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(bench.anchors.subprocess, "run", run)
+    checkpoint = tmp_path / "model"
+    (tmp_path / "anchors").mkdir()
+    (tmp_path / "anchors" / "model-ours-int8.pte").write_bytes(b"asymmetric")
+    path = bench.anchors.our_program(checkpoint, "int8")
+    assert path.name == "model-ours-int8-sym.pte" and commands, (path, commands)
+    assert commands[0][commands[0].index("--weights") :][:3] == ["--weights", "int8", "--sym"], commands[0]
+    bench.anchors.our_program(checkpoint, "int4")
+    assert "--sym" not in commands[1], commands[1]

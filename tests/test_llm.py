@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -124,10 +125,10 @@ def test_compressing_from_the_command_line_prints_only_its_own_lines(
     assert program.exists()
     assert out.splitlines()[0].startswith("model: ") and "weights int8" in out, out
     assert not any(word in out for word in ("bitwidth", "Weight compression", "Applying")), out
-    argv[-1:] = ["int4", "--ratio", "0.5", "--group-size", "32"]
+    argv[-1:] = ["int4", "--ratio", "0.5", "--group-size", "32", "--sym"]
     assert main(argv) == EXIT_OK
     out = capsys.readouterr().out
-    assert "weights int4, groups of 32, 50% of the layers, the rest int8)" in out.splitlines()[0], out
+    assert "weights int4, groups of 32, 50% of the layers, the rest int8 symmetric)" in out.splitlines()[0], out
 
 
 def test_bad_model_sources_are_refused_by_name(tmp_path: Path, capsys) -> None:
@@ -183,6 +184,24 @@ def test_the_exported_graph_is_the_eager_model_with_the_programs_weights(wide_ll
     to_compressed, to_float = float(cosine(ours, compressed, dim=0)), float(cosine(ours, floating, dim=0))
     assert to_compressed >= 0.999, to_compressed
     assert to_compressed > to_float, (to_compressed, to_float)
+
+
+@pytest.mark.slow
+def test_symmetric_8_bit_weights_have_no_zero_point_and_the_program_follows_them(wide_llama: Decoder) -> None:
+    """``symmetric`` (``--sym``): 8-bit weights are signed with a scale alone, where the default keeps an
+    unsigned weight and a zero point per channel; the program computes with the weights it was given."""
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    graphs = {symmetric: export_graph(wide_llama, weights="int8", symmetric=symmetric) for symmetric in (False, True)}
+    dtypes = {symmetric: Counter(b.dtype for b in graph.module().buffers()) for symmetric, graph in graphs.items()}
+    assert dtypes[True][torch.int8] > 0 and dtypes[True][torch.uint8] == 0, dtypes[True]
+    # Unsigned: a weight and a zero point per channel, for each signed weight of the symmetric graph.
+    assert dtypes[False][torch.uint8] == 2 * dtypes[True][torch.int8] and dtypes[False][torch.int8] == 0, dtypes
+    graph = graphs[True]
+    got = Generator(lower_graph(graph, wide_llama).buffer)
+    tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = graph.module()(tokens, torch.tensor([0]))[-1]
+    assert float(torch.nn.functional.cosine_similarity(got(tokens[0].tolist()), want, dim=0)) >= 0.999
 
 
 def test_compression_is_refused_by_name_when_asked_wrongly(wide_llama: Decoder) -> None:

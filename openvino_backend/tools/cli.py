@@ -120,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         "groups of 128), NNCF's scheme; default f32",
     )
     llm.add_argument(
+        "--sym",
+        action="store_true",
+        help="8-bit weights symmetric, without a zero point (as optimum-cli's --sym; 4-bit weights always are)",
+    )
+    llm.add_argument(
         "--qlinear",
         choices=("8w", "4w"),
         help="optimum-executorch's spelling of --weights int8 / int4",

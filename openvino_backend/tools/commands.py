@@ -245,6 +245,7 @@ def export_llm(args: argparse.Namespace) -> int:
                 calibration=calibration,
                 ratio=args.ratio,
                 group_size=args.group_size,
+                symmetric=args.sym,
             )
     except CompressionError as error:
         raise UsageError(str(error)) from error
@@ -256,6 +257,8 @@ def export_llm(args: argparse.Namespace) -> int:
         weights += f", groups of {args.group_size}"
         if args.ratio < 1:
             weights += f", {args.ratio:.0%} of the layers, the rest int8"
+    if args.sym and "int8" in weights:
+        weights += " symmetric"
     print(f"model: {decoder.name} (vocabulary {decoder.vocab_size}, context {decoder.max_context}, weights {weights})")
     print(f"  wrote {args.output} ({len(program.buffer):,} bytes)")
     if decoder.tokenizer is not None:
