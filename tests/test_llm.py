@@ -136,6 +136,8 @@ def test_bad_model_sources_are_refused_by_name(tmp_path: Path, capsys) -> None:
         load_decoder(tmp_path)
     assert main(["export-llm", str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.pte")]) == EXIT_USAGE
     assert "missing.json: no such file or directory" in capsys.readouterr().err
+    assert main(["export-llm", str(tmp_path), "-o", str(tmp_path / "x.pte"), "--sym"]) == EXIT_USAGE
+    assert "--sym shapes compressed weights" in capsys.readouterr().err
     broken = tmp_path / "params.json"
     broken.write_text("{")
     assert main(["export-llm", str(broken), "-o", str(tmp_path / "x.pte")]) == EXIT_USAGE

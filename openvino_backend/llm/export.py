@@ -4,8 +4,8 @@ compressed to 8 or 4 bits.
 
 Compressed weights are NNCF's (``nncf.compress_weights`` on the exported graph: OpenVINO's own
 scheme, INT8 asymmetric (or, asked, symmetric) per channel or INT4 symmetric in groups of 128,
-smaller where a layer's width asks for it; with AWQ and scale estimation when calibration prompts are given; mixed with
-8-bit layers for a ratio below 1). The integer weights and their dequantize reach OpenVINO as
+smaller where a layer's width asks for it; with AWQ and scale estimation when calibration prompts
+are given; mixed with 8-bit layers for a ratio below 1). The integer weights and their dequantize reach OpenVINO as
 they are, which keeps them compressed in the compiled model: the ``.pte`` stores them at 8 or
 4 bits, and decode reads a quarter or an eighth of the bytes.
 """

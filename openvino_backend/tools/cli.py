@@ -116,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights",
         choices=("f32", "int8", "int4"),
         default="f32",
-        help="weights kept compressed in OpenVINO: int8 (asymmetric, per channel) or int4 (symmetric, "
-        "groups of 128), NNCF's scheme; default f32",
+        help="weights kept compressed in OpenVINO: int8 (asymmetric, per channel; --sym: symmetric) or int4 "
+        "(symmetric, groups of 128), NNCF's scheme; default f32",
     )
     llm.add_argument(
         "--sym",

@@ -224,6 +224,8 @@ def export_llm(args: argparse.Namespace) -> int:
     weights = {"8w": "int8", "4w": "int4"}.get(args.qlinear, args.weights)
     if args.qlinear is not None and args.weights not in ("f32", weights):
         raise UsageError(f"--qlinear {args.qlinear} and --weights {args.weights} disagree")
+    if args.sym and weights == "f32":
+        raise UsageError("--sym shapes compressed weights: give --weights int8 or int4 with it")
     try:
         decoder = load_decoder(args.model, checkpoint=args.checkpoint, max_context=args.max_seq_len)
     except ModelSourceError as error:
