@@ -138,6 +138,15 @@ def test_bad_model_sources_are_refused_by_name(tmp_path: Path, capsys) -> None:
     assert "missing.json: no such file or directory" in capsys.readouterr().err
     assert main(["export-llm", str(tmp_path), "-o", str(tmp_path / "x.pte"), "--sym"]) == EXIT_USAGE
     assert "--sym shapes compressed weights" in capsys.readouterr().err
+    # Options that only shape 4-bit weights are refused with any other weights, not ignored.
+    for weights, extra, named in (
+        ("int8", ["--ratio", "0.8"], "--ratio only shape"),
+        ("f32", ["--group-size", "64", "--calibration-prompt", "hi"], "--group-size and --calibration-prompt"),
+        ("int8", ["--group-size", "128"], "--group-size only shape"),
+    ):
+        argv = ["export-llm", str(tmp_path), "-o", str(tmp_path / "x.pte"), "--weights", weights, *extra]
+        assert main(argv) == EXIT_USAGE, extra
+        assert named in capsys.readouterr().err, extra
     broken = tmp_path / "params.json"
     broken.write_text("{")
     assert main(["export-llm", str(broken), "-o", str(tmp_path / "x.pte")]) == EXIT_USAGE

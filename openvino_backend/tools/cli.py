@@ -139,7 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument(
         "--ratio",
         type=float,
-        default=1.0,
         help="with int4: the share of the layers in 4 bits, the rest (those NNCF ranks most sensitive) in "
         "8 bits; default 1",
     )
@@ -147,7 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--group-size",
         "--group_size",
         type=int,
-        default=128,
         help="with int4: weights per scale (default 128; a layer whose width is no multiple of it takes smaller "
         "groups)",
     )

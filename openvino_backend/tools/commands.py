@@ -216,7 +216,7 @@ def probe_command(args: argparse.Namespace) -> int:
 
 
 def export_llm(args: argparse.Namespace) -> int:
-    from openvino_backend.llm.export import CompressionError, export_decoder
+    from openvino_backend.llm.export import INT4_GROUP, CompressionError, export_decoder
     from openvino_backend.llm.models import ModelSourceError, load_decoder
     from openvino_backend.tools.quiet import nncf_off_stdout
 
@@ -226,6 +226,15 @@ def export_llm(args: argparse.Namespace) -> int:
         raise UsageError(f"--qlinear {args.qlinear} and --weights {args.weights} disagree")
     if args.sym and weights == "f32":
         raise UsageError("--sym shapes compressed weights: give --weights int8 or int4 with it")
+    four_bit_only = {
+        "--ratio": args.ratio is not None,
+        "--group-size": args.group_size is not None,
+        "--calibration-prompt": bool(args.calibration_prompt),
+    }
+    if weights != "int4" and (given := [flag for flag, present in four_bit_only.items() if present]):
+        raise UsageError(f"{' and '.join(given)} only shape 4-bit weights: give --weights int4 with them")
+    ratio = 1.0 if args.ratio is None else args.ratio
+    group_size = INT4_GROUP if args.group_size is None else args.group_size
     try:
         decoder = load_decoder(args.model, checkpoint=args.checkpoint, max_context=args.max_seq_len)
     except ModelSourceError as error:
@@ -245,8 +254,8 @@ def export_llm(args: argparse.Namespace) -> int:
                 dynamic=not args.disable_dynamic_shapes,
                 weights=weights,
                 calibration=calibration,
-                ratio=args.ratio,
-                group_size=args.group_size,
+                ratio=ratio,
+                group_size=group_size,
                 symmetric=args.sym,
             )
     except CompressionError as error:
@@ -256,9 +265,9 @@ def export_llm(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     _write(args.output, program.buffer)
     if weights == "int4":
-        weights += f", groups of {args.group_size}"
-        if args.ratio < 1:
-            weights += f", {args.ratio:.0%} of the layers, the rest int8"
+        weights += f", groups of {group_size}"
+        if ratio < 1:
+            weights += f", {ratio:.0%} of the layers, the rest int8"
     if args.sym and "int8" in weights:
         weights += " symmetric"
     print(f"model: {decoder.name} (vocabulary {decoder.vocab_size}, context {decoder.max_context}, weights {weights})")
