@@ -16,7 +16,7 @@ from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
 from openvino_backend.diagnostics import ConversionError, Finding, NodeRef
 from openvino_backend.graph import output_nodes
-from openvino_backend.lowering.attention_scale import scale_queries
+from openvino_backend.lowering.attention_scale import hoist_query_scales, scale_queries
 from openvino_backend.lowering.edge_layout import int_constant
 from openvino_backend.lowering.expand_broadcast import expands_as_numpy_broadcasts
 from openvino_backend.lowering.grouped_attention import ungroup_attention
@@ -89,6 +89,8 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
             logger.debug("%d attention(s) read their key and value heads once per group", grouped)
         if scaled := scale_queries(model):
             logger.debug("%d attention(s) scale their queries", scaled)
+        if hoisted := hoist_query_scales(model):
+            logger.debug("%d query scale(s) applied by the projection's matmul", hoisted)
         if (bits := int8_weight_bits()) < 8 and (wide := dequantize_wide_weights(model, bits)):
             logger.debug("%d INT8 weight(s) past %d bits dequantized: no VNNI on this CPU", wide, bits)
         pad_results(model, bounds)
