@@ -459,55 +459,76 @@ def test_an_attention_scales_its_queries_and_the_cpu_plugin_reads_its_keys_as_th
     assert scale_queries(model) == 0  # a scale of one is left alone
 
 
-def _rotated_query_attention(*, rotated_is_output: bool) -> ov.Model:
-    """A projection, split into 2 heads of 16, rotated (``x * cos + rotate_half(x) * sin``), scaled
-    twice (as PyTorch's decomposed attention and a moved attention scale leave it) and attended."""
+def _rotated_query_attention(*, compressed: bool, roots: bool = False, rotated_is_output: bool = False) -> ov.Model:
+    """A projection (its weights in f32, or int8 with a scale per row, f16 with ``roots``), split
+    into 2 heads of 16, rotated (``x * cos + rotate_half(x) * sin``), scaled twice (by 1/2 and 1/4;
+    ``roots``: by the f32 root of 1/8, twice, as PyTorch's decomposed attention and a moved attention
+    scale leave it) and attended."""
     x = ov_ops.parameter([1, -1, 32], ov.Type.f32, name="x")
     cos = ov_ops.parameter([1, 1, -1, 16], ov.Type.f32, name="cos")
     sin = ov_ops.parameter([1, 1, -1, 16], ov.Type.f32, name="sin")
     k = ov_ops.parameter([1, 2, -1, 16], ov.Type.f32, name="k")
     v = ov_ops.parameter([1, 2, -1, 16], ov.Type.f32, name="v")
-    weight = np.random.default_rng(1).standard_normal((32, 32)).astype(np.float32)
-    projected = ov_ops.matmul(x, ov_ops.constant(weight), False, True)
+    rng = np.random.default_rng(1)
+    if compressed:
+        integers = ov_ops.constant(rng.integers(-127, 128, (32, 32)).astype(np.int8))
+        scales = (rng.random((32, 1)) / 64).astype(np.float16 if roots else np.float32)
+        weight = ov_ops.multiply(ov_ops.convert(integers, scales.dtype), ov_ops.constant(scales))
+        weight = ov_ops.convert(weight, ov.Type.f32) if roots else weight
+    else:
+        weight = ov_ops.constant(rng.standard_normal((32, 32)).astype(np.float32))
+    projected = ov_ops.add(ov_ops.matmul(x, weight, False, True), rng.standard_normal(32).astype(np.float32))
     heads = ov_ops.transpose(
         ov_ops.reshape(projected, ov_ops.constant(np.array([1, -1, 2, 16])), False), ov_ops.constant([0, 2, 1, 3])
     )
     first, second = ov_ops.split(heads, ov_ops.constant(np.int64(3)), 2).outputs()
     half = ov_ops.concat([ov_ops.negative(second), first], 3)
     rotated = ov_ops.add(ov_ops.multiply(heads, cos), ov_ops.multiply(half, sin))
-    query = ov_ops.multiply(ov_ops.multiply(rotated, ov_ops.constant(np.float32(0.5))), np.float32(0.25))
+    first, second = (np.float32(8**-0.5),) * 2 if roots else (np.float32(0.5), np.float32(0.25))
+    query = ov_ops.multiply(ov_ops.multiply(rotated, ov_ops.constant(first)), ov_ops.constant(second))
     attention = ov_ops.scaled_dot_product_attention(query, k, v, scale=ov_ops.constant(np.float32(1.0)))
     results = [attention, rotated] if rotated_is_output else [attention]
     return ov.Model(results, [x, cos, sin, k, v])
 
 
-def test_a_query_scale_is_applied_by_the_projections_matmul() -> None:
-    """A query's scales, moved back through its rotation onto the projection, run inside the CPU
-    plugin's matmul instead of as an op of their own on every call, and compute the same."""
+@pytest.mark.parametrize(
+    ("compressed", "roots"), [(False, False), (True, False), (True, True)], ids=["f32", "int8", "int8-f16-roots"]
+)
+def test_a_query_scale_goes_into_the_projections_constants(compressed: bool, roots: bool) -> None:
+    """A query's scales, moved back through its rotation into the projection's weights (or their
+    dequantization scales) and bias, are no op on any call; compressed weights stay compressed; the
+    result is the same. Two f32 roots of 1/8 are 1/8, which f16 scales take exactly."""
     rng = np.random.default_rng(0)
     data = [rng.standard_normal(s).astype(np.float32) for s in ((1, 3, 32), (1, 1, 3, 16), (1, 1, 3, 16))]
     data += [rng.standard_normal((1, 2, 5, 16)).astype(np.float32) for _ in range(2)]
     f32 = {"INFERENCE_PRECISION_HINT": "f32"}
 
-    def fused_into_matmul(compiled: ov.CompiledModel) -> list[str]:
-        runtime = compiled.get_runtime_model().get_ordered_ops()
-        matmuls = [op for op in runtime if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
-        return [name for op in matmuls for name in op.get_rt_info()["originalLayersNames"].astype(str).split(",")]
+    def runtime_ops(compiled: ov.CompiledModel) -> list[tuple[str, list[str]]]:
+        kinds = []
+        for op in compiled.get_runtime_model().get_ordered_ops():
+            inputs = [str(value.get_element_type()) for value in op.input_values()]
+            kinds.append((op.get_rt_info()["layerType"].astype(str), inputs))
+        return kinds
 
-    model = _rotated_query_attention(rotated_is_output=False)
-    want = ov.Core().compile_model(model, "CPU", f32)(data)[0]
+    def multiplies(model: ov.Model) -> int:
+        return sum(op.get_type_name() == "Multiply" for op in model.get_ordered_ops())
+
+    model = _rotated_query_attention(compressed=compressed, roots=roots)
+    before = ov.Core().compile_model(model, "CPU", f32)
+    want = before(data)[0]
+    count = multiplies(model)
     assert hoist_query_scales(model) == 1
-    scales = [op for op in model.get_ordered_ops() if op.get_type_name() == "Multiply" and op.get_input_size() != 0]
-    (matmul,) = [op for op in model.get_ordered_ops() if op.get_type_name() == "MatMul"]
-    (reader,) = [r.get_node() for r in matmul.output(0).get_target_inputs()]
-    assert reader.get_type_name() == "Multiply", reader
-    assert float(reader.input_value(1).get_node().get_data()) == 0.125
-    assert len(scales) == 3  # the rotation's two; the query's two scales are one, on the projection
-    compiled = ov.Core().compile_model(model, "CPU", f32)
-    assert reader.get_friendly_name() in fused_into_matmul(compiled)
-    # 1/8 is a power of two: moving it rounds nothing.
-    np.testing.assert_array_equal(compiled(data)[0], want)
+    assert multiplies(model) == count - 2  # the query's two scales are in the constants now
+    after = ov.Core().compile_model(model, "CPU", f32)
+    assert len(runtime_ops(after)) <= len(runtime_ops(before))
+    matmuls = [inputs for kind, inputs in runtime_ops(after) if kind == "FullyConnected"]
+    assert len(matmuls) == 1
+    assert ("<Type: 'int8_t'>" in matmuls[0]) == compressed, matmuls  # still compressed
+    if roots:  # 1/8 exactly where the query was scaled by a rounded root twice
+        np.testing.assert_allclose(after(data)[0], want, rtol=1e-6, atol=1e-6)
+    else:  # 1/8 is a power of two: moving it rounds nothing
+        np.testing.assert_array_equal(after(data)[0], want)
 
     # The rotated query read elsewhere too: scaling the projection would change that value.
-    shared = _rotated_query_attention(rotated_is_output=True)
+    shared = _rotated_query_attention(compressed=compressed, rotated_is_output=True)
     assert hoist_query_scales(shared) == 0

@@ -90,11 +90,15 @@ def hoist_query_scales(model: ov.Model) -> int:
 
     Between the projection and the attention, a query goes through a reshape into heads, rotary
     embeddings (``x * cos + rotate_half(x) * sin``) and a transpose: every op there is linear in the
-    projection's output ``p``, so ``f(p) * s == f(p * s)``. ``p * s`` is a post-op of the matmul
-    computing ``p``, not an op of its own on every call. A scale that is a power of two (``1 / 8``
-    for heads of 64 or 256) moves exactly: multiplying by it rounds nothing. Any other scale moves
-    one rounding from after the rotary embedding to the matmul's output, where the plugin still
-    holds it in f32.
+    projection's output ``p = x W^T + b``, so ``f(p) * s == f(x (s W)^T + s b)``. The scale goes
+    into the projection's constants: its weights (for compressed weights, their dequantization
+    scales, so they stay compressed) and its bias. Not an op on every call, not even a post-op: the
+    CPU plugin folds a scalar multiply after a matmul into its weights, decompressing them.
+
+    A scale that is a power of two (``1 / 8`` for heads of 64 or 256) moves exactly: multiplying by
+    it rounds nothing. Any other moves one rounding of each query value (in the inference precision,
+    bf16 where the CPU computes in bf16) to one f32 rounding of each weight or dequantization scale;
+    a constant stored narrower than f32 takes a power of two only.
 
     Moved only when every value on the way is read by nothing but the way itself (a rotated key,
     say, also written to a cache, keeps its scale where it is).
@@ -122,14 +126,14 @@ def hoist_query_scales(model: ov.Model) -> int:
             link = parent.get_node()
         if not products:
             continue
+        scale = _snapped(scale)
         source = _projection(query, node)
-        if source is None:
+        folds = None if source is None else _foldable_constants(source.get_node(), scale)
+        if folds is None:
             continue
-        factor = opset.constant(np.array(scale, dtype=source.get_element_type().to_dtype()))
-        readers = list(source.get_target_inputs())
-        product = opset.multiply(source, factor)
-        for reader in readers:
-            reader.replace_source_output(product.output(0))
+        for reader, value in folds:
+            scaled = (value.astype(np.float64) * scale).astype(value.dtype)
+            reader.replace_source_output(opset.constant(scaled).output(0))
         for link in products:
             (kept,) = [v for v in link.input_values() if _constant_value(v) is None]
             link.output(0).replace(kept)
@@ -137,6 +141,14 @@ def hoist_query_scales(model: ov.Model) -> int:
     if moved:
         model.validate_nodes_and_infer_types()
     return moved
+
+
+def _snapped(scale: float) -> float:
+    """``scale``, or the power of two it is within a few f32 roundings of: PyTorch's decomposed
+    attention scales the query by the root of its scale, rounded to f32, and the attention's own
+    scale is the same root; their product is ``1/8`` for heads of 64 but for those roundings."""
+    power = 2.0 ** round(math.log2(abs(scale))) if scale else 0.0
+    return math.copysign(power, scale) if power and abs(abs(scale) / power - 1) <= 2.0**-21 else scale
 
 
 def _scalar_product(node: ov.Node) -> tuple[ov.Output, float] | None:
@@ -155,6 +167,77 @@ def _constant_value(value: ov.Output) -> np.ndarray | None:
     while node.get_type_name() == "Convert":
         node = node.input_value(0).get_node()
     return node.get_data() if node.get_type_name() == "Constant" else None
+
+
+def _foldable_constants(source: ov.Node, scale: float) -> list[tuple[ov.Input, np.ndarray]] | None:
+    """The constants of the projection ``source`` (a matmul, or a bias added to one) that ``scale``
+    can be multiplied into, each with the input reading it; None if one is missing or shared."""
+    folds = []
+    matmul = source
+    if source.get_type_name() == "Add":
+        index = 0 if source.input_value(0).get_node().get_type_name() == "MatMul" else 1
+        if (bias := _scalable(source.input(1 - index), scale)) is None:
+            return None
+        folds.append(bias)
+        matmul = source.input_value(index).get_node()
+    constant = [i for i in (0, 1) if _constant_value(matmul.input_value(i)) is not None or _weights(matmul, i)]
+    if len(constant) != 1:
+        return None
+    reader = matmul.input(constant[0])
+    wide = True  # every value on the way in f32 or wider: a scale that rounds is rounded once, in f32
+    while True:  # down views and converts of the weights to the constant, or the scale dequantizing them
+        node = reader.get_source_output().get_node()
+        if len(reader.get_source_output().get_target_inputs()) != 1:
+            return None
+        wide = wide and reader.get_element_type() in (ov.Type.f32, ov.Type.f64)
+        real_convert = node.get_type_name() == "Convert" and node.input_value(0).get_element_type().is_real()
+        if node.get_type_name() in _VIEWS or real_convert:
+            reader = node.input(0)
+            continue
+        if node.get_type_name() == "Multiply":  # the integers' scale, the smaller real constant
+            held = [
+                (value.size, i)
+                for i in (0, 1)
+                if (value := _constant_value(node.input_value(i))) is not None and value.dtype.kind == "f"
+            ]
+            if not held:
+                return None
+            reader = node.input(min(held)[1])
+        fold = _scalable(reader, scale, wide=wide)
+        return None if fold is None else [*folds, fold]
+
+
+def _weights(matmul: ov.Node, index: int) -> bool:
+    """``matmul``'s input ``index`` is computed from constants alone (compressed weights)."""
+    pending, seen = [matmul.input_value(index).get_node()], set()
+    while pending:
+        node = pending.pop()
+        if node.get_type_name() == "Parameter" or len(seen) > 16:
+            return False
+        seen.add(node.get_instance_id())
+        pending += [v.get_node() for v in node.input_values() if v.get_node().get_instance_id() not in seen]
+    return True
+
+
+def _scalable(reader: ov.Input, scale: float, *, wide: bool = True) -> tuple[ov.Input, np.ndarray] | None:
+    """``reader``'s constant, when ``scale`` can be multiplied into it: a real constant read only
+    there (through converts), in f32 (or f16, or read through a value narrower than f32 (not
+    ``wide``), when ``scale`` is a power of two and so rounds nothing)."""
+    value = reader.get_source_output()
+    node = value.get_node()
+    while node.get_type_name() == "Convert" and len(value.get_target_inputs()) == 1:
+        reader = node.input(0)
+        value = reader.get_source_output()
+        node = value.get_node()
+    if node.get_type_name() != "Constant" or len(value.get_target_inputs()) != 1:
+        return None
+    data = node.get_data()
+    exact = math.frexp(scale)[0] == 0.5
+    if not exact and not (wide and data.dtype in (np.float32, np.float64)):
+        return None
+    if data.dtype not in (np.float16, np.float32, np.float64):
+        return None
+    return reader, data
 
 
 def _projection(query: ov.Node, attention: ov.Node) -> ov.Output | None:
