@@ -84,9 +84,8 @@ _ANCESTOR_BUDGET = 64
 
 
 def hoist_query_scales(model: ov.Model) -> int:
-    """Move, in place, each attention's query scale (``q * s``, ``s`` one constant) back onto the
-    projection the query comes from, where OpenVINO's CPU plugin applies it inside its matmul; how
-    many scales were moved.
+    """Move, in place, each attention's query scale (``q * s``, ``s`` one constant) back into the
+    constants of the projection the query comes from; how many scales were moved.
 
     Between the projection and the attention, a query goes through a reshape into heads, rotary
     embeddings (``x * cos + rotate_half(x) * sin``) and a transpose: every op there is linear in the
