@@ -55,10 +55,8 @@ def scale_queries(model: ov.Model) -> int:
 
 
 def _is_one(value: ov.Output) -> bool:
-    node = value.get_node()
-    while node.get_type_name() == "Convert":
-        node = node.input_value(0).get_node()
-    return node.get_type_name() == "Constant" and bool(np.all(node.get_data() == 1))
+    data = _constant_value(value)
+    return data is not None and bool(np.all(data == 1))
 
 
 # Ops through which a query is a linear function of the projection's output: the value a scale
@@ -162,6 +160,7 @@ def _scalar_product(node: ov.Node) -> tuple[ov.Output, float] | None:
 
 
 def _constant_value(value: ov.Output) -> np.ndarray | None:
+    """The data of the constant ``value`` is, through converts; None if it is computed."""
     node = value.get_node()
     while node.get_type_name() == "Convert":
         node = node.input_value(0).get_node()
@@ -179,7 +178,7 @@ def _foldable_constants(source: ov.Node, scale: float) -> list[tuple[ov.Input, n
             return None
         folds.append(bias)
         matmul = source.input_value(index).get_node()
-    constant = [i for i in (0, 1) if _constant_value(matmul.input_value(i)) is not None or _weights(matmul, i)]
+    constant = [i for i in (0, 1) if _weights(matmul, i)]
     if len(constant) != 1:
         return None
     reader = matmul.input(constant[0])
@@ -207,7 +206,8 @@ def _foldable_constants(source: ov.Node, scale: float) -> list[tuple[ov.Input, n
 
 
 def _weights(matmul: ov.Node, index: int) -> bool:
-    """``matmul``'s input ``index`` is computed from constants alone (compressed weights)."""
+    """``matmul``'s input ``index`` is a constant or computed from constants alone (compressed
+    weights)."""
     pending, seen = [matmul.input_value(index).get_node()], set()
     while pending:
         node = pending.pop()
