@@ -19,6 +19,8 @@ from openvino_backend.runtime import PRECISIONS
 PARTITION_KEY = "openvino_backend.partition"
 # And the handle under which the partitioner's checks left their conversion of the partition.
 HANDOVER_KEY = "openvino_backend.handover"
+# And the OpenVINO version that compiled the partition: its blob imports into that version only.
+VERSION_KEY = "openvino_backend.openvino_version"
 DEVICE_KEY = "device"
 # The precision the target CPU will compute f32 partitions in (f32, bf16, f16): what the numerical
 # check compiles for and judges by. Not a property of the blob: the runtime imports it with none.
@@ -37,6 +39,7 @@ class CompileOptions:
     def from_specs(cls, specs: list[CompileSpec]) -> CompileOptions:
         values = {spec.key: bytes(spec.value).decode().rstrip("\0") for spec in specs}
         partition = values.pop(PARTITION_KEY, None)
+        values.pop(VERSION_KEY, None)  # for loaders: preprocess compiles with the OpenVINO it runs on
         precision = values.pop(PRECISION_KEY, None)
         if precision is not None and precision not in PRECISIONS:
             raise CompileSpecError(

@@ -1,8 +1,9 @@
 """Programs run the way deployments run them: written to a file, loaded from its path, memory-mapped.
 
-OpenVINO keeps reading constants from a blob after importing it, and the stock
-runtime frees a delegate's segment right after ``init``; only blobs written
-inline live as long as the program (``openvino_backend/program.py``).
+The stock runtime frees a delegate's segment right after ``init``. Whether
+OpenVINO still reads it then is asked of the installed OpenVINO
+(``blob_import.py``), and the layout follows (``program.py``): these tests hold
+on either answer, and CI runs them on an OpenVINO of each kind.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 
+import openvino_backend.program as layout
 from openvino_backend import OpenvinoPartitioner, ProgramLayoutError, check_program, to_executorch
-from openvino_backend.program import segmented_delegates, write_program
+from openvino_backend.blob_import import import_copies_blob
+from openvino_backend.program import BlobVersionError, delegate_blobs, segmented_delegates, write_program
 from openvino_backend.runtime import Tolerance
 from openvino_backend.tools.cli import main
 from openvino_backend.tools.verify import LoadedMethod
@@ -59,43 +62,68 @@ _RUN_FROM_PATH = textwrap.dedent(
 )
 
 
-def _run_in_fresh_process(pte: Path, inputs: tuple[torch.Tensor, ...], tmp_path: Path) -> list[torch.Tensor]:
+def _run_unchecked(pte: Path, inputs: tuple[torch.Tensor, ...], tmp_path: Path) -> subprocess.CompletedProcess:
     torch.save(inputs, tmp_path / "inputs.pt")
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", _RUN_FROM_PATH, str(pte), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def _run_in_fresh_process(pte: Path, inputs: tuple[torch.Tensor, ...], tmp_path: Path) -> list[torch.Tensor]:
+    done = _run_unchecked(pte, inputs, tmp_path)
     assert done.returncode == 0, f"exit {done.returncode} running {pte.name} from its path:\n{done.stderr[-2000:]}"
     return torch.load(tmp_path / "out.pt")
 
 
-def _assert_matches_eager(module: torch.nn.Module, inputs, results: list[torch.Tensor]) -> None:
+def _matches_eager(module: torch.nn.Module, inputs, results: list[torch.Tensor]) -> list[str]:
+    """What differs from eager beyond the target's rounding, call by call (empty: it matches)."""
     with torch.no_grad():
         want = module(*inputs)
     tolerance = Tolerance.for_output(want.dtype, terms=64, scale=float(want.abs().max()), ops=8)
-    for call, got in enumerate(results):
-        assert tolerance.check(got, want), f"call {call}: max error {(got - want).abs().max():.3g} over {tolerance}"
+    return [
+        f"call {call}: max error {(got - want).abs().max():.3g} over {tolerance}"
+        for call, got in enumerate(results)
+        if not tolerance.check(got, want)
+    ]
+
+
+def _assert_matches_eager(module: torch.nn.Module, inputs, results: list[torch.Tensor]) -> None:
+    wrong = _matches_eager(module, inputs, results)
+    assert not wrong, "\n".join(wrong)
 
 
 def test_a_program_written_by_to_executorch_runs_from_its_path_in_a_fresh_process(tmp_path: Path) -> None:
     module, inputs = Tagger().eval(), (torch.randint(0, 50, (4, 6)),)
     program = to_executorch(_edge(module, inputs))
-    assert segmented_delegates(program.buffer) == ()
+    # ExecuTorch's layout (segments) where the import copies the blob; inline where it does not.
+    assert segmented_delegates(program.buffer) == (() if layout.blobs_must_be_inline() else (0,))
     pte = tmp_path / "tagger.pte"
     write_program(program, pte)
     _assert_matches_eager(module, inputs, _run_in_fresh_process(pte, inputs, tmp_path))
 
 
-def test_executorch_default_layout_is_refused_before_it_runs(tmp_path: Path) -> None:
+def test_executorch_default_writer_runs_from_its_path_exactly_where_the_probe_says_it_does(tmp_path: Path) -> None:
+    """The probe's answer against the runtime's behaviour, unchecked: where the import copies the blob,
+    ExecuTorch's default writer's program runs from its file and matches eager, and the project's
+    loaders accept it; where it does not, the same program crashes or computes wrong values when run
+    unchecked, and the project's loaders and writer refuse it before it runs."""
     module, inputs = Tagger().eval(), (torch.randint(0, 50, (4, 6)),)
     buffer = _edge(module, inputs).to_executorch().buffer  # ExecuTorch's default: blobs in segments
     assert segmented_delegates(buffer) == (0,)
-    with pytest.raises(ProgramLayoutError, match="extract_delegate_segments=False"):
-        check_program(buffer)
     pte = tmp_path / "default.pte"
     pte.write_bytes(buffer)
+    done = _run_unchecked(pte, inputs, tmp_path)
+    ran_right = done.returncode == 0 and not _matches_eager(module, inputs, torch.load(tmp_path / "out.pt"))
+    assert ran_right == import_copies_blob(), f"exit {done.returncode}; the probe says {import_copies_blob()}"
+    if import_copies_blob():
+        check_program(buffer)
+        _assert_matches_eager(module, inputs, [LoadedMethod(pte)(inputs)[0]])
+        return
+    with pytest.raises(ProgramLayoutError, match="extract_delegate_segments=False"):
+        check_program(buffer)
     with pytest.raises(ProgramLayoutError, match="segments the runtime frees"):
         LoadedMethod(pte)  # refused, not crashed
     with pytest.raises(ProgramLayoutError):
@@ -103,17 +131,30 @@ def test_executorch_default_layout_is_refused_before_it_runs(tmp_path: Path) -> 
     assert not (tmp_path / "again.pte").exists()
 
 
-def test_the_default_layout_is_announced_once_at_export(caplog) -> None:
-    import openvino_backend.program as layout
-
-    layout._warned = False
+@pytest.mark.parametrize("inline", [True, False], ids=["import-keeps-reading", "import-copies"])
+def test_the_default_layout_is_announced_once_at_export_only_where_it_breaks(caplog, monkeypatch, inline) -> None:
+    monkeypatch.setattr(layout, "blobs_must_be_inline", lambda: inline)
+    monkeypatch.setattr(layout, "_warned", False)
     module, inputs = Tagger().eval(), (torch.randint(0, 50, (4, 6)),)
     with caplog.at_level("WARNING", logger="openvino_backend.program"):
         _edge(module, inputs)
         with layout.writing_inline():
             _edge(module, inputs)
-    warnings = [r for r in caplog.records if r.name == "openvino_backend.program"]
-    assert len(warnings) == 1 and "extract_delegate_segments=False" in warnings[0].getMessage()
+        _edge(module, inputs)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "openvino_backend.program"]
+    assert warnings == [] if not inline else len(warnings) == 1 and "extract_delegate_segments=False" in warnings[0]
+
+
+def test_a_program_from_another_openvino_is_refused_by_name(tmp_path: Path, monkeypatch) -> None:
+    module, inputs = Tagger().eval(), (torch.randint(0, 50, (4, 6)),)
+    pte = tmp_path / "tagger.pte"
+    write_program(to_executorch(_edge(module, inputs)), pte)
+    written_by = layout.openvino_version()
+    assert [blob.openvino_version for blob in delegate_blobs(pte.read_bytes())] == [written_by]
+    monkeypatch.setattr(layout, "openvino_version", lambda: "2099.1.0")
+    with pytest.raises(BlobVersionError, match=rf"written by OpenVINO {written_by}; this is OpenVINO 2099.1.0") as e:
+        LoadedMethod(pte)
+    assert e.value.written_by == (written_by,) and f"openvino=={written_by}" in e.value.fix
 
 
 def test_lower_writes_a_program_that_runs_from_its_path(tmp_path: Path, capsys) -> None:
@@ -145,7 +186,7 @@ def test_lower_writes_a_program_that_runs_from_its_path(tmp_path: Path, capsys) 
         module = sys.modules["tagger_model"].model().eval()
     finally:
         sys.path.remove(str(tmp_path))
-    assert segmented_delegates(pte.read_bytes()) == ()
+    assert segmented_delegates(pte.read_bytes()) == (() if layout.blobs_must_be_inline() else (0,))
     inputs = (torch.randn(2, 16),)
     _assert_matches_eager(module, inputs, _run_in_fresh_process(pte, inputs, tmp_path))
 
@@ -155,11 +196,23 @@ def test_check_program_refuses_what_is_not_a_program() -> None:
         segmented_delegates(b"\x00" * 64)
 
 
-def test_a_program_past_the_flatbuffer_limit_is_refused_with_its_reason(monkeypatch) -> None:
+@pytest.mark.parametrize("inline", [True, False], ids=["import-keeps-reading", "import-copies"])
+def test_a_program_past_the_flatbuffer_limit(monkeypatch, tmp_path: Path, inline: bool) -> None:
+    """Inline blobs count against the flatbuffer's limit: refused with its reason. In segments they do
+    not, and the program is written and runs (where the installed OpenVINO's import copies the blob)."""
     from flatbuffers.builder import Builder
 
+    monkeypatch.setattr(layout, "blobs_must_be_inline", lambda: inline)
     # ExecuTorch's serializer, stopped at 64 KiB instead of 2 GiB: a 256 KiB layer is over it.
     monkeypatch.setattr(Builder, "MAX_BUFFER_SIZE", 1 << 16)
     module, inputs = torch.nn.Linear(256, 256).eval(), (torch.randn(2, 256),)
-    with pytest.raises(ProgramLayoutError, match=r"(?s)over the 2 GiB a flatbuffer can hold.*--weights int8\|int4"):
-        to_executorch(_edge(module, inputs))
+    if inline:
+        with pytest.raises(ProgramLayoutError, match=r"(?s)over the 2 GiB a flatbuffer can hold.*--weights int8"):
+            to_executorch(_edge(module, inputs))
+        return
+    program = to_executorch(_edge(module, inputs))
+    assert segmented_delegates(program.buffer) == (0,)
+    if import_copies_blob():
+        pte = tmp_path / "linear.pte"
+        write_program(program, pte)
+        _assert_matches_eager(module, inputs, _run_in_fresh_process(pte, inputs, tmp_path))

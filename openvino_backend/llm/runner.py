@@ -2,35 +2,24 @@
 
 The runner loads the ``.pte`` from its path and finds OpenVINO's C library by
 ``OPENVINO_LIB_PATH`` (its ``dlopen("libopenvino_c.so")`` finds nothing in a
-pip install otherwise); ``openvino_library_path`` gives the installed one.
+pip install otherwise); ``openvino_c_library_path`` gives the installed one.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from openvino_backend.blob_import import openvino_c_library_path
 from openvino_backend.program import check_program_file
 
 LIBRARY_VARIABLE = "OPENVINO_LIB_PATH"
 
 
-def openvino_library_path() -> str | None:
-    """The installed ``openvino`` package's C library (what the runtime's backend dlopens)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("openvino")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "libs", "libopenvino_c.so*")))
-    return found[0] if found else None
-
-
 def point_runtime_at_openvino() -> None:
     """Set ``OPENVINO_LIB_PATH`` to the installed OpenVINO unless the user set it."""
-    if not os.environ.get(LIBRARY_VARIABLE) and (path := openvino_library_path()) is not None:
+    if not os.environ.get(LIBRARY_VARIABLE) and (path := openvino_c_library_path()) is not None:
         os.environ[LIBRARY_VARIABLE] = path
 
 

@@ -17,7 +17,7 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 from executorch.exir.backend.utils import WhyNoPartitionReporter, tag_constant_data
 from torch.export import ExportedProgram
 
-from openvino_backend.compile_spec import HANDOVER_KEY, PARTITION_KEY, CompileOptions
+from openvino_backend.compile_spec import HANDOVER_KEY, PARTITION_KEY, VERSION_KEY, CompileOptions
 from openvino_backend.diagnostics import OpenvinoExportError, pass_failure
 from openvino_backend.lowering.guard import share_backend_name
 from openvino_backend.lowering.preprocess import OpenvinoBackend
@@ -37,6 +37,7 @@ from openvino_backend.partition.whole_program import ensure_device, ensure_fusab
 from openvino_backend.program import warn_about_layout
 from openvino_backend.runtime import (
     inference_precision,
+    openvino_version,
     precision_name,
     unbindable,
     warn_if_int8_not_portable,
@@ -214,7 +215,11 @@ class OpenvinoPartitioner(Partitioner):
             tag = f"openvino_{index}"
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag
-            spec = [*self.compile_spec, CompileSpec(PARTITION_KEY, str(index).encode())]
+            spec = [
+                *self.compile_spec,
+                CompileSpec(PARTITION_KEY, str(index).encode()),
+                CompileSpec(VERSION_KEY, openvino_version().encode()),
+            ]
             if (handle := offer_conversion(view)) is not None:
                 spec.append(CompileSpec(HANDOVER_KEY, handle.encode()))
             partition_tags[tag] = DelegationSpec(OpenvinoBackend.__name__, spec)

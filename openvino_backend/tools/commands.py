@@ -11,6 +11,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from executorch.exir import ExecutorchProgramManager
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from openvino_backend.compile_spec import PRECISION_KEY
@@ -175,12 +176,13 @@ def check_output(path: Path | None) -> None:
         raise UsageError(f"-o {path}: cannot write into {parent}")
 
 
-def _write(path: Path, buffer: bytes) -> None:
+def _write(path: Path, buffer: bytes | ExecutorchProgramManager) -> int:
+    """Write ``buffer`` (a program is written segment by segment: an LLM's is gigabytes); its size."""
     try:
-        if path.suffix == ".pte":
-            write_program(buffer, path)  # refuses a blob the runtime would free under OpenVINO
-        else:
-            path.write_bytes(buffer)
+        if path.suffix == ".pte" or not isinstance(buffer, bytes):
+            return write_program(buffer, path)  # refuses a program the installed OpenVINO cannot run
+        path.write_bytes(buffer)
+        return len(buffer)
     except OSError as error:
         raise UsageError(f"cannot write {path}: {error.strerror}") from error
 
@@ -263,7 +265,7 @@ def export_llm(args: argparse.Namespace) -> int:
     except OpenvinoExportError as error:
         print(f"model: {decoder.name}\n  export refused:\n    " + str(error).replace("\n", "\n    "))
         return EXIT_REFUSED
-    _write(args.output, program.buffer)
+    size = _write(args.output, program)
     if weights == "int4":
         weights += f", groups of {group_size}"
         if ratio < 1:
@@ -271,7 +273,7 @@ def export_llm(args: argparse.Namespace) -> int:
     if args.sym and "int8" in weights:
         weights += " symmetric"
     print(f"model: {decoder.name} (vocabulary {decoder.vocab_size}, context {decoder.max_context}, weights {weights})")
-    print(f"  wrote {args.output} ({len(program.buffer):,} bytes)")
+    print(f"  wrote {args.output} ({size:,} bytes)")
     if decoder.tokenizer is not None:
         beside = tokenizer_beside(args.output, decoder.tokenizer.suffix)
         _write(beside, decoder.tokenizer.read_bytes())
