@@ -371,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="--llm: only ours against OpenVINO GenAI and llama.cpp on SmolLM2-135M (with --working-size: and at it)",
     )
-    parser.add_argument("--weights", nargs="+", choices=("f32", "int8", "int4"), help="--anchors: only these weights")
+    parser.add_argument(
+        "--weights", nargs="+", choices=("f32", "int8", "int4"), help="--anchors, --scale: only these weights"
+    )
     parser.add_argument("--rounds", type=int, help="--anchors: interleaved rounds (default 5)")
     parser.add_argument(
         "--prompt-tokens",
@@ -397,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--families", action="store_true", help="only every causal-LM family of transformers through export-llm"
     )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="only decoders at real sizes (random weights): export peak memory and time, the program from its file",
+    )
+    parser.add_argument("--shapes", nargs="+", help="--scale: only these shapes (bench/scale.py's SHAPES)")
     parser.add_argument("--models", nargs="+", choices=sorted(PEERS), help="--peers: only these models")
     parser.add_argument("--no-int8", action="store_true", help="--peers: f32 only")
     args = parser.parse_args(argv)
@@ -433,6 +441,18 @@ def main(argv: list[str] | None = None) -> int:
 
         rows, what = bench_pt2e_weights()
         print(f"\n4-bit weights, two ways to compress them: {what}")
+        print(tabulate(rows, headers=HEADERS))
+        return 0
+    if args.scale:
+        from bench.scale import HEADERS, SHAPES, bench_scale
+
+        unknown = sorted(set(args.shapes or ()) - set(SHAPES))
+        if unknown:
+            parser.error(f"--shapes {' '.join(unknown)}: known shapes are {', '.join(SHAPES)}")
+        rows = [r for w in args.weights or ["f32"] for r in bench_scale(args.shapes or list(SHAPES), w)]
+        print(
+            "\nDecoders at real sizes (random weights): export-llm, then the program from its file in a fresh process"
+        )
         print(tabulate(rows, headers=HEADERS))
         return 0
     if args.families:

@@ -10,7 +10,8 @@ generation first (the first call at a shape pays its compilation), then prompts 
 long from position 0 in one call (prefill ms: the median of three, no two with a prefix
 in common, since GenAI caches prompt prefixes), the last one the prompt itself, then
 ``N`` greedy tokens, end-of-sequence ignored (the median ms of one token). One JSON line on stdout: ``prefill_ms``,
-``decode_ms``, ``peak_mb`` (this process's peak resident memory), ``tokens``.
+``decode_ms``, ``peak_mb`` (this process's peak resident memory), ``rss_mb`` (what it holds after the
+last call), ``tokens``.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ WARM_TOKENS = 4
 PREFILLS = 3
 
 
-def peak_mb() -> float:
-    """This process's peak resident memory in MB (``VmHWM``: from this exec on)."""
+def peak_mb(field: str = "VmHWM") -> float:
+    """This process's peak resident memory in MB (``VmHWM``: from this exec on), or with ``VmRSS``
+    what it holds now."""
     status = Path("/proc/self/status").read_text()
-    return float(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+    return float(re.search(rf"{field}:\s+(\d+) kB", status).group(1)) / 1024
 
 
 def ours(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
@@ -160,7 +162,13 @@ def _int64(rows: list[list[int]]) -> object:
 
 
 def _answer(prefill: float, times: list[float], chosen: list[int]) -> dict:
-    return {"prefill_ms": prefill, "decode_ms": statistics.median(times), "peak_mb": peak_mb(), "tokens": chosen}
+    return {
+        "prefill_ms": prefill,
+        "decode_ms": statistics.median(times),
+        "peak_mb": peak_mb(),
+        "rss_mb": peak_mb("VmRSS"),  # after every call: what the program holds once running
+        "tokens": chosen,
+    }
 
 
 KINDS = {"ours": ours, "genai": genai, "llamacpp": llamacpp}

@@ -2,7 +2,7 @@
 
 ``python -m bench --llm --anchors [--working-size] [--prompt-tokens N]``. The anchors:
 
-* OpenVINO GenAI's ``LLMPipeline`` (the same OpenVINO) on the model ``optimum-cli export
+* OpenVINO GenAI's ``LLMPipeline`` (the same OpenVINO release as ours) on the model ``optimum-cli export
   openvino --task text-generation-with-past`` writes, its weights ``fp32``, ``int8 --sym`` or
   ``int4 --sym --group-size 128 --ratio 1.0`` (``--group-size-fallback adjust``: 576, the
   model's width, is not a multiple of 128; ``export-llm`` adjusts the same way);
@@ -36,22 +36,25 @@ from pathlib import Path
 
 from bench.real_checkpoint import CACHE as SMOLLM2
 from bench.real_checkpoint import checkpoint_directory, gguf_file
+from openvino_backend.runtime import openvino_version
 
 logger = logging.getLogger(__name__)
 
 ROOT = SMOLLM2.parent
-ENVIRONMENT = ROOT / "anchors" / "env"
+# The anchors run on the OpenVINO ours runs on (each line with the NNCF made for it).
+OPENVINO = openvino_version()
+ENVIRONMENT = ROOT / "anchors" / f"env-{OPENVINO}"
 WORKER = Path(__file__).with_name("anchor_worker.py")
 # optimum-intel goes in on its own, without its dependencies: it requires torchvision, which no release
 # built for torch 2.13 satisfies here, and which its export of a decoder never imports.
 ANCHOR_PACKAGES = (
     "torch==2.13.0",
-    "openvino==2026.4.1",
-    "openvino-tokenizers==2026.4.1.*",
-    "openvino-genai==2026.4.1.*",
+    f"openvino=={OPENVINO}",
+    f"openvino-tokenizers=={OPENVINO}.*",
+    f"openvino-genai=={OPENVINO}.*",
     "transformers>=4.51,<5.6",
     "optimum~=2.3.0",
-    "nncf>=3.3",
+    "nncf>=2.19,<3" if OPENVINO.startswith("2025.") else "nncf>=3.3",
     "requests>=2.33,<3",
     "setuptools",
     "llama-cpp-python==0.3.36",
@@ -95,6 +98,7 @@ HEADERS = (
     "ours / GenAI prefill",
     "ours MB / GenAI MB",
     "peak MB ours / GenAI",
+    "MB after the calls, ours / GenAI",
     "greedy tokens equal",
 )
 
@@ -298,6 +302,7 @@ def bench_anchors(
                     _median(ratios(ours, genai, "prefill_ms")),
                     " / ".join(f"{s:.0f}" for s in sizes),
                     f"{_median([x['peak_mb'] for x in a])} / {_median([x['peak_mb'] for x in b])}",
+                    f"{_median([x['rss_mb'] for x in a])} / {_median([x['rss_mb'] for x in b])}",
                     _equal_prefix(a[0]["tokens"], b[0]["tokens"]) if a and b else "n/a",
                 )
             )
