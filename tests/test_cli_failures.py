@@ -119,11 +119,19 @@ def test_a_program_whose_openvino_blob_is_damaged_is_one_line(program: Path, tmp
 
 
 def _blob_offset(buffer: bytes) -> int:
-    """Where the first delegate's data (written inline) starts in the .pte."""
+    """Where the first delegate's data starts in the .pte: in a segment (ExecuTorch's layout, where the
+    installed OpenVINO's import copies the blob) or inline."""
     import flatbuffers
+    from executorch.exir._serialize._program import _flatbuffer_to_program, _get_extended_header
+    from executorch.exir.schema import DataLocation
 
     from openvino_backend.program import _field, _root, _vector
 
+    header = _get_extended_header(buffer)
+    program = _flatbuffer_to_program(buffer[: header.program_size] if header and header.is_valid() else buffer)
+    processed = program.execution_plan[0].delegates[0].processed
+    if processed.location == DataLocation.SEGMENT:
+        return header.segment_base_offset + program.segments[processed.index].offset
     inline = _vector(flatbuffers.table.Table(buffer, _root(buffer)), 3)[0]  # Program.backend_delegate_data
     return inline.Vector(_field(inline, 0))  # BackendDelegateInlineData.data
 
