@@ -363,13 +363,16 @@ def _generator(program: Path) -> object:
 
 
 def _generate_with_executorch_runner(args: argparse.Namespace, tokenizer: Path | None) -> int:
-    from openvino_backend.llm.runner import ExecutorchRunner
+    from openvino_backend.llm.runner import ExecutorchRunner, PartialCharacterError
 
     if args.prompt is None:
         raise UsageError("--runner executorch takes a text --prompt (ExecuTorch's runner encodes it itself)")
     if tokenizer is None:
         raise UsageError("--runner executorch needs the model's tokenizer (--tokenizer)")
-    run = ExecutorchRunner(args.program, tokenizer).generate(args.prompt, args.max_new_tokens)
+    try:
+        run = ExecutorchRunner(args.program, tokenizer).generate(args.prompt, args.max_new_tokens)
+    except PartialCharacterError as error:  # only on a Python whose strict decoding cannot be hooked
+        raise UsageError(f"{error}: use --runner python") from error
     print(run.text)
     print(
         f"[ExecuTorch TextLLMRunner: {run.prompt_tokens} prompt tokens in {run.prefill_ms:.0f} ms; "
