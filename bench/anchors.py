@@ -27,13 +27,12 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
-import statistics
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
+from bench.harness import child_env, median, run_child, table
 from bench.real_checkpoint import CACHE as SMOLLM2
 from bench.real_checkpoint import checkpoint_directory, gguf_file
 from openvino_backend.runtime import openvino_version
@@ -54,7 +53,7 @@ ANCHOR_PACKAGES = (
     f"openvino-genai=={OPENVINO}.*",
     "transformers>=4.51,<5.6",
     "optimum~=2.3.0",
-    "nncf>=2.19,<3" if OPENVINO.startswith("2025.") else "nncf>=3.3",
+    "nncf>=3.1,<3.3" if OPENVINO.startswith("2025.") else "nncf>=3.3",
     "requests>=2.33,<3",
     "setuptools",
     "llama-cpp-python==0.3.36",
@@ -145,8 +144,7 @@ def our_program(checkpoint: Path, weights: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "openvino_backend", "export-llm", str(checkpoint)]
     command += ["--max-seq-len", str(CONTEXT), "--weights", weights, *options, "-o", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env())
     if done.returncode:
         out.unlink(missing_ok=True)
         how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
@@ -195,15 +193,10 @@ def measure(kind: str, model: Path, prompt: list[int], options: tuple[str, ...] 
     command = [python, str(WORKER), kind, str(model), "--prompt", ",".join(map(str, prompt))]
     command += ["--tokens", str(TOKENS), "--context", str(CONTEXT), *options]
     # The worker imports the package from its source tree, whichever directory the bench runs from.
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = child_env()
     if kind != "ours":  # bench/__init__.py's passive OpenMP waiting is for PyTorch; llama.cpp's threads need theirs
         env.pop("OMP_WAIT_POLICY", None)
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode or not lines:
-        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
-        return {"error": f"{how}: {done.stderr.strip().splitlines()[-1:] or ''}", "exit": done.returncode}
-    return json.loads(lines[-1])
+    return run_child(command, timeout=1800, env=env)
 
 
 def measure_llamacpp(model: Path, prompt: list[int], options: list[str]) -> dict:
@@ -223,10 +216,6 @@ def _size_mb(path: Path) -> float:
     if path.is_file():
         return path.stat().st_size / 1e6
     return sum(p.stat().st_size for p in path.glob("openvino_model.*")) / 1e6
-
-
-def _median(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f}" if values else "n/a"
 
 
 def _equal_prefix(a: list[int], b: list[int]) -> str:
@@ -294,15 +283,15 @@ def bench_anchors(
                 (
                     name,
                     weights,
-                    _median([x["decode_ms"] for x in a]),
-                    _median([x["decode_ms"] for x in b]),
-                    _median(ratios(ours, genai, "decode_ms")),
-                    _median([x["prefill_ms"] for x in a]),
-                    _median([x["prefill_ms"] for x in b]),
-                    _median(ratios(ours, genai, "prefill_ms")),
+                    median([x["decode_ms"] for x in a]),
+                    median([x["decode_ms"] for x in b]),
+                    median(ratios(ours, genai, "decode_ms")),
+                    median([x["prefill_ms"] for x in a]),
+                    median([x["prefill_ms"] for x in b]),
+                    median(ratios(ours, genai, "prefill_ms")),
                     " / ".join(f"{s:.0f}" for s in sizes),
-                    f"{_median([x['peak_mb'] for x in a])} / {_median([x['peak_mb'] for x in b])}",
-                    f"{_median([x['rss_mb'] for x in a])} / {_median([x['rss_mb'] for x in b])}",
+                    f"{median([x['peak_mb'] for x in a])} / {median([x['peak_mb'] for x in b])}",
+                    f"{median([x['rss_mb'] for x in a])} / {median([x['rss_mb'] for x in b])}",
                     _equal_prefix(a[0]["tokens"], b[0]["tokens"]) if a and b else "n/a",
                 )
             )
@@ -313,12 +302,12 @@ def bench_anchors(
     llama_rows = [
         (
             "llama.cpp Q4_1" + (" --no-repack" if llama_options else ""),
-            _median([x["decode_ms"] for x in c]),
-            _median(ratios(ours4, cpp, "decode_ms")),
-            _median([x["prefill_ms"] for x in c]),
-            _median(ratios(ours4, cpp, "prefill_ms")),
+            median([x["decode_ms"] for x in c]),
+            median(ratios(ours4, cpp, "decode_ms")),
+            median([x["prefill_ms"] for x in c]),
+            median(ratios(ours4, cpp, "prefill_ms")),
             f"{_size_mb(llama[3]):.0f}",
-            _median([x["peak_mb"] for x in c]),
+            median([x["peak_mb"] for x in c]),
         )
     ]
     return rows, llama_rows, _what(rounds, prompt_tokens)
@@ -340,3 +329,13 @@ LLAMA_HEADERS = (
     "MB",
     "peak MB",
 )
+
+
+def run(working_size: bool, weights: tuple[str, ...], rounds: int, prompt_tokens: int) -> None:
+    from openvino_backend.tools.quiet import nncf_off_stdout
+
+    with nncf_off_stdout():
+        rows, llama_rows, what = bench_anchors(working_size, weights, rounds, prompt_tokens)
+    table(f"Ours against OpenVINO GenAI (optimum-intel's export, the same OpenVINO): {what}", rows, HEADERS)
+    if llama_rows:
+        table("And llama.cpp on the GGUF SmolLM2-135M comes from", llama_rows, LLAMA_HEADERS)
