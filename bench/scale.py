@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
+from bench.harness import run_measured
+
 ROOT = Path.home() / ".cache" / "openvino_backend" / "scale"
-REPOSITORY = Path(__file__).resolve().parents[1]
 CONTEXT = 128
 PROMPT = 8
 STEPS = 6
+TEXT = "once upon a time the little robot liked the sea and read books about a boat"  # the tokenizer's
 
 # Llama-shaped decoders (random weights). "over-2gib": its f32 program is over the 2 GiB a
 # flatbuffer holds, the case only segments can write.
@@ -53,8 +51,6 @@ def checkpoint(name: str, root: Path = ROOT) -> Path:
     tokenizer ``TextLLMRunner`` reads. Written once."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from bench.tiny_llm import write_tokenizer
 
     out = root / name
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
@@ -83,20 +79,24 @@ def _gigabytes(path: Path) -> float:
     return sum(f.stat().st_size for f in files) / 1e9
 
 
-def run_measured(command: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
-    """``command`` in a process of its own: its result, its peak RSS in GB and its wall seconds (the
-    child's own ``rusage``, reaped here rather than by ``subprocess``, which would discard it)."""
-    env = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-        seconds = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        done = subprocess.CompletedProcess(command, child.returncode, out.read(), err.read())
-    return done, usage.ru_maxrss / 1e6, seconds  # ru_maxrss: kB on Linux
+def write_tokenizer(directory: Path, *, vocab_size: int) -> None:
+    """``directory/tokenizer.json`` for ``TextLLMRunner``: a byte-level BPE whose every token is ASCII
+    (each token's text stands on its own, as the runner hands it to its callback), trained on a
+    sentence, padded with added tokens up to ``vocab_size`` (every id the model emits has a text)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c.isascii() and c.isprintable()] + ["Ġ"]
+    special = ["<unk>", "<s>", "</s>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=200, special_tokens=special, initial_alphabet=alphabet, limit_alphabet=len(alphabet)
+    )
+    tokenizer.train_from_iterator([TEXT] * 20, trainer)
+    tokenizer.add_tokens([f"<t{i}>" for i in range(tokenizer.get_vocab_size(), vocab_size)])
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
 
 
 def export(directory: Path, weights: str, out: Path) -> dict[str, object]:
@@ -215,6 +215,14 @@ HEADERS = (
     "held after the first call GB",
     "from its file, teacher-forced",
 )
+
+
+def run(names: list[str], weights: list[str]) -> None:
+    from bench.harness import table
+
+    rows = [row for w in weights for row in bench_scale(names, w)]
+    title = "Decoders at real sizes (random weights): export-llm, then the program from its file in a fresh process"
+    table(title, rows, HEADERS)
 
 
 if __name__ == "__main__":  # the check, in a fresh interpreter: python -m bench.scale DIRECTORY PROGRAM

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.tiny_llm import write_tiny_llama
 from openvino_backend.tools.cli import main
 from openvino_backend.tools.results import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
+from tests.llm_fixtures import write_tiny_llama
 
 transformers = pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.tiny_llm import write_tiny_llama
 from openvino_backend.llm.export import export_decoder
 from openvino_backend.llm.generate import Generator
 from openvino_backend.llm.models import load_decoder
 from openvino_backend.program import write_program
 from openvino_backend.tools.cli import main
 from openvino_backend.tools.results import EXIT_OK, EXIT_USAGE
+from tests.llm_fixtures import write_tiny_llama
 
 transformers = pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
 tokenizers = pytest.importorskip("tokenizers", reason="the test's tokenizer is trained with tokenizers")

@@ -1,9 +1,9 @@
 """Decoder families of ``transformers`` through the LLM recipe, each against eager.
 
-Small random models (``bench/families.py`` builds them): each family exports,
+Small random models (``tests/llm_fixtures.py`` builds them): each family exports,
 runs from its file on ExecuTorch's runtime, and gives token for token what
 ``transformers``' greedy ``generate`` gives, with OpenVINO computing in f32
-(in a child process, ``bench/f32.py``: on a bf16 CPU the default precision
+(in a child process, ``f32_environment``: on a bf16 CPU the default precision
 makes near-ties a coin toss). A sample of them also follows eager in the
 machine's default precision through a prompt in one call and six decode
 calls fed eager's tokens, every logits vector within that precision's
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.f32 import f32_environment
-from bench.families import follow_eager
+from tests.llm_fixtures import f32_environment, follow_eager
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -67,7 +66,7 @@ def test_family_generates_eagers_greedy_tokens_with_openvino_in_f32(
     family: str, openvino_in_f32: dict[str, str], tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.families", family, "--greedy", str(tmp_path)],
+        [sys.executable, "-m", "tests.llm_fixtures", family, str(tmp_path)],
         env=openvino_in_f32,
         cwd=REPOSITORY,
         capture_output=True,

@@ -167,7 +167,7 @@ COMPRESS_PT2E = textwrap.dedent(
     decoder = load_decoder(directory / "params.json", max_context=64)
 
     # What export_llama's --pt2e_quantize openvino_4wo does, then this backend's lowering.
-    from bench.pt2e_weights import compress_pt2e_int4
+    from tests.llm_fixtures import compress_pt2e_int4
 
     regraphed, compressed = compress_pt2e_int4(decoder, group_size=128)
     theirs = lower_graph(regraphed, decoder)
