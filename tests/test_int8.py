@@ -7,7 +7,7 @@ import torch
 
 import openvino_backend.lowering.preprocess as preprocess
 from openvino_backend.diagnostics import CpuKernelError
-from openvino_backend.lowering.wide_weights import dequantize_wide_weights
+from openvino_backend.lowering.model_passes.wide_weights import dequantize_wide_weights
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.runtime import inference_precision, int8_weight_bits
 from openvino_backend.tools.quantize import quantize_int8

@@ -18,7 +18,8 @@ from executorch.exir.dialects._ops import ops as exir_ops
 
 from openvino_backend.llm.export import export_decoder
 from openvino_backend.llm.models import load_decoder
-from openvino_backend.lowering.kv_cache import BLOCK, _one_value
+from openvino_backend.lowering.model_passes.kv_cache import _one_value
+from openvino_backend.lowering.model_passes.kv_cache_writes import BLOCK
 from openvino_backend.runtime import Tolerance
 from openvino_backend.tools.verify import LoadedMethod
 
@@ -69,7 +70,7 @@ def test_a_long_cache_is_read_as_far_as_the_mask_reaches_and_follows_eager_throu
 ) -> None:
     decoder = load_decoder(params if family == "executorch llama" else _qwen2(tmp_path), max_context=CONTEXT)
     eager = copy.deepcopy(decoder.module)
-    with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.kv_cache"):
+    with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.model_passes.kv_cache"):
         program = export_decoder(decoder)
     assert any("2 attentions read their KV cache" in record.getMessage() for record in caplog.records), [
         r.getMessage() for r in caplog.records
@@ -114,7 +115,7 @@ def test_a_long_cache_is_read_as_far_as_the_mask_reaches_and_follows_eager_throu
 
 def test_a_cache_of_one_block_is_left_at_its_length(params: Path, caplog: pytest.LogCaptureFixture) -> None:
     short = load_decoder(params, max_context=BLOCK)
-    with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.kv_cache"):
+    with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.model_passes.kv_cache"):
         export_decoder(short)
     assert not any("read their KV cache" in record.getMessage() for record in caplog.records)
 
@@ -133,7 +134,7 @@ def test_a_cache_written_along_its_positions_is_never_transposed_whole(
     twice; each write becomes a ``ScatterUpdate`` of its rows, at any length, and stays exact."""
     decoder = load_decoder(params, max_context=BLOCK)
     eager = copy.deepcopy(decoder.module)
-    with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.kv_cache"):
+    with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.model_passes.kv_cache"):
         program = export_decoder(decoder)
     assert any("4 variable(s) written along their axis" in r.getMessage() for r in caplog.records)
     (model,) = _compiled_models(program)
@@ -209,7 +210,7 @@ def test_only_writes_whose_values_fill_their_positions_skip_the_broadcast() -> N
     written as given; one row broadcast to every position keeps its broadcast, and both stay exact."""
     from executorch.exir import to_edge_transform_and_lower
 
-    from openvino_backend.lowering.kv_cache import exact_writes
+    from openvino_backend.lowering.model_passes.kv_cache_writes import exact_writes
     from openvino_backend.partition.partitioner import OpenvinoPartitioner
     from openvino_backend.program import to_executorch
 

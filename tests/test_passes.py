@@ -12,10 +12,10 @@ import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import Dim
 
-from openvino_backend.lowering.attention_scale import hoist_query_scales, scale_queries
 from openvino_backend.lowering.convert import convert
-from openvino_backend.lowering.expand_broadcast import expands_as_numpy_broadcasts
-from openvino_backend.lowering.grouped_attention import ungroup_attention
+from openvino_backend.lowering.model_passes.attention_scale import hoist_query_scales, scale_queries
+from openvino_backend.lowering.model_passes.expand_broadcast import expands_as_numpy_broadcasts
+from openvino_backend.lowering.model_passes.grouped_attention import ungroup_attention
 from openvino_backend.lowering.passes import prepare_for_frontend
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.tools.verify import check_run, lower_exported

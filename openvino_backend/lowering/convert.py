@@ -16,12 +16,12 @@ from openvino.frontend.pytorch.utils import pt_to_ov_type_map
 
 from openvino_backend.diagnostics import ConversionError, Finding, NodeRef
 from openvino_backend.graph import output_nodes
-from openvino_backend.lowering.attention_scale import hoist_query_scales, scale_queries
 from openvino_backend.lowering.edge_layout import int_constant
-from openvino_backend.lowering.expand_broadcast import expands_as_numpy_broadcasts
-from openvino_backend.lowering.grouped_attention import ungroup_attention
-from openvino_backend.lowering.scalar_fills import fills_as_scalars
-from openvino_backend.lowering.wide_weights import dequantize_wide_weights
+from openvino_backend.lowering.model_passes.attention_scale import hoist_query_scales, scale_queries
+from openvino_backend.lowering.model_passes.expand_broadcast import expands_as_numpy_broadcasts
+from openvino_backend.lowering.model_passes.grouped_attention import ungroup_attention
+from openvino_backend.lowering.model_passes.scalar_fills import fills_as_scalars
+from openvino_backend.lowering.model_passes.wide_weights import dequantize_wide_weights
 from openvino_backend.ops import is_bound_pad
 from openvino_backend.runtime import int8_weight_bits, openvino_version
 

@@ -2,7 +2,7 @@
 
 The pipeline, one named step each::
 
-    edge dim orders -> passes -> validate edge tensors -> convert -> validate output types
+    edge dim orders -> validate edge tensors -> passes -> convert -> validate output types
         -> adapt edge layouts -> validate pass-throughs -> make stateful -> grow caches
         -> compile -> validate compiled -> export
 
@@ -35,7 +35,8 @@ from openvino_backend.lowering.convert import conversion_error, convert
 from openvino_backend.lowering.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.lowering.guard import share_backend_name, upstream_preprocess
 from openvino_backend.lowering.handover import release, take_over
-from openvino_backend.lowering.kv_cache import exact_writes, grow_caches
+from openvino_backend.lowering.model_passes.kv_cache import grow_caches
+from openvino_backend.lowering.model_passes.kv_cache_writes import exact_writes
 from openvino_backend.lowering.partition_model import compile_key
 from openvino_backend.lowering.passes import prepare_for_frontend
 from openvino_backend.lowering.state import drop_unread_state, graph_for_conversion, make_stateful, state_buffers

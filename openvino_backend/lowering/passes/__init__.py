@@ -1,4 +1,5 @@
-"""Graph rewrites that make a partition mean the same thing to OpenVINO, one pass per module."""
+"""FX graph rewrites, before converting, that make a partition mean the same thing to OpenVINO, one pass per
+module (``model_passes`` rewrites the converted ``ov.Model``)."""
 
 from __future__ import annotations
 
