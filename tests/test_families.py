@@ -60,8 +60,15 @@ def openvino_in_f32(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return f32_environment(tmp_path_factory.mktemp("openvino-f32"))
 
 
+# One family of each kind in the README's pytest (dense, eager attention with soft-capping, learned
+# positions, experts); the rest of the sweep in CI's --sweeps.
+IN_EVERY_RUN = ("llama", "gemma2", "gpt2", "qwen3_moe")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(
+    "family", [f if f in IN_EVERY_RUN else pytest.param(f, marks=pytest.mark.sweep) for f in FAMILIES]
+)
 def test_family_generates_eagers_greedy_tokens_with_openvino_in_f32(
     family: str, openvino_in_f32: dict[str, str], tmp_path: Path
 ) -> None:
@@ -81,7 +88,9 @@ def test_family_generates_eagers_greedy_tokens_with_openvino_in_f32(
     assert row["ours"], f"{family}: no token generated"
 
 
-@pytest.mark.parametrize("family", AT_DEFAULT_PRECISION)
+@pytest.mark.parametrize(
+    "family", [f if f == "llama" else pytest.param(f, marks=pytest.mark.slow) for f in AT_DEFAULT_PRECISION]
+)
 def test_family_follows_eager_at_the_default_precision(family: str, tmp_path: Path) -> None:
     worst = follow_eager(family, tmp_path / family)
     assert worst < 0.05, f"{family}: relative logits error {worst:.3g}"
