@@ -141,10 +141,12 @@ FAMILIES: tuple[OpFacts, ...] = (
         keep_whole=True,
     ),
     # Translated by the FX frontend (LogicalAnd/Or/Xor) though the table omits them; a causal
-    # mask is built with logical_and.
+    # mask is built with logical_and. OpenVINO 2025.4's frontend has a rule for logical_and only:
+    # there the conversion check keeps the other two out, by the op names OpenVINO reports.
     OpFacts(("aten.logical_and.default", "aten.logical_or.default", "aten.logical_xor.default"), convertible=True),
     # NNCF's 4-bit weights are unpacked with it: the FX frontend translates it (though the table
-    # omits it) and folds the unpacking into a u4 constant, so the weight stays compressed. It is no
+    # omits it) and folds the unpacking into a u4 constant, so the weight stays compressed. Only
+    # there: converted alone, 2025.4's and 2026.4's frontends report no rule for it. It is no
     # core ATen op: to_edge needs it in EdgeCompileConfig's _core_aten_ops_exception_list.
     OpFacts(("aten.bitwise_right_shift.Tensor_Scalar",), convertible=True),
     # lowering/convert.py turns it into an OpenVINO Pad; it has no CPU kernel, so it is always delegated.

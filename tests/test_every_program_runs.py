@@ -68,8 +68,21 @@ def test_an_op_kept_whole_but_not_delegated_is_decomposed_for_the_cpu() -> None:
 
 
 class Upsample(torch.nn.Module):
+    # Nearest by default: upsample_nearest2d is in OpenVINO's op-support table on every line tested;
+    # upsample_bilinear2d only from 2026.x on (2025.4's table omits it).
+    def __init__(self, mode: str = "nearest") -> None:
+        super().__init__()
+        self.mode = mode
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear") * 2
+        return torch.nn.functional.interpolate(x, scale_factor=2, mode=self.mode) * 2
+
+
+def in_openvino_table(op: torch._ops.OpOverload) -> bool:
+    """Whether the installed OpenVINO's own op-support table lists ``op``, read from OpenVINO."""
+    from openvino.frontend.pytorch.torchdynamo.op_support import OperatorSupport
+
+    return f"torch.ops.{str(op).replace('::', '.')}" in OperatorSupport([])._support_dict
 
 
 def test_ops_are_kept_whole_per_op_only_where_openvino_takes_every_node() -> None:
@@ -77,16 +90,20 @@ def test_ops_are_kept_whole_per_op_only_where_openvino_takes_every_node() -> Non
     kept, node_filter = OpenvinoPartitioner().ops_to_not_decompose(exported)
     # No per-node filter: with one, ExecuTorch runs the whole decomposition a second time.
     assert node_filter is None
-    assert torch.ops.aten.upsample_bilinear2d.vec in kept
+    assert torch.ops.aten.upsample_nearest2d.vec in kept
     assert torch.ops.aten.pixel_shuffle.default not in kept  # not in OpenVINO's table
-    skipping = OpenvinoPartitioner(op_types_to_skip={"aten.upsample_bilinear2d.vec"})
-    assert torch.ops.aten.upsample_bilinear2d.vec not in skipping.ops_to_not_decompose(exported)[0]
-    (node,) = exported.graph.find_nodes(op="call_function", target=torch.ops.aten.upsample_bilinear2d.vec)
+    skipping = OpenvinoPartitioner(op_types_to_skip={"aten.upsample_nearest2d.vec"})
+    assert torch.ops.aten.upsample_nearest2d.vec not in skipping.ops_to_not_decompose(exported)[0]
+    (node,) = exported.graph.find_nodes(op="call_function", target=torch.ops.aten.upsample_nearest2d.vec)
     by_name = OpenvinoPartitioner(op_names_to_skip={node.name})
-    assert torch.ops.aten.upsample_bilinear2d.vec not in by_name.ops_to_not_decompose(exported)[0]
+    assert torch.ops.aten.upsample_nearest2d.vec not in by_name.ops_to_not_decompose(exported)[0]
+    # An op OpenVINO's table lists from some release on is kept whole exactly where it is listed.
+    bilinear = torch.export.export(Upsample("bilinear"), (torch.randn(1, 2, 3, 4),))
+    op = torch.ops.aten.upsample_bilinear2d.vec
+    assert (op in OpenvinoPartitioner().ops_to_not_decompose(bilinear)[0]) == in_openvino_table(op)
 
 
-@pytest.mark.parametrize("skip", ["aten.upsample_bilinear2d.vec", None], ids=["skipped", "delegated"])
+@pytest.mark.parametrize("skip", ["aten.upsample_nearest2d.vec", None], ids=["skipped", "delegated"])
 def test_an_op_kept_whole_or_skipped_runs(skip: str | None) -> None:
     # Skipped, it is decomposed and runs on the CPU's kernels; otherwise OpenVINO takes it whole.
     partitioner = OpenvinoPartitioner(op_types_to_skip={skip} if skip else ())
@@ -99,7 +116,7 @@ def test_an_op_kept_whole_or_skipped_runs(skip: str | None) -> None:
 
 def test_an_op_kept_whole_then_refused_is_a_typed_error() -> None:
     # The edge node's name is not the exported node's: the op is kept whole, then refused.
-    partitioner = OpenvinoPartitioner(op_names_to_skip={"aten_upsample_bilinear2d_vec"})
+    partitioner = OpenvinoPartitioner(op_names_to_skip={"aten_upsample_nearest2d_vec"})
     with pytest.raises(CpuKernelError) as caught:
         lower(Upsample(), (torch.randn(1, 2, 3, 4),), partitioner=partitioner)
     assert "was kept whole for OpenVINO" in str(caught.value)
