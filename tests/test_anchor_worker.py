@@ -11,11 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from openvino_backend.llm.export import export_decoder
 from openvino_backend.llm.generate import Generator
 from openvino_backend.llm.models import load_decoder
+
+# Slow: a decoder exported and timed in a worker process.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 # Under .ci/avx2 the worker runs under the same emulator: user-mode QEMU does not follow exec, and a blob

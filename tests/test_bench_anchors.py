@@ -13,6 +13,9 @@ import pytest
 import bench.anchors
 from bench.anchors import CONTEXT, NO_EXTRA_BUFFERS, TOKENS, check_prompt_tokens, measure_llamacpp
 
+# Slow: exports and worker processes of the anchors bench.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

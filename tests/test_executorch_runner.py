@@ -15,6 +15,9 @@ from openvino_backend.tools.cli import main
 from openvino_backend.tools.results import EXIT_OK, EXIT_USAGE
 from tests.llm_fixtures import write_tiny_llama
 
+# Slow: ExecuTorch's C++ LLM runner on exported decoders.
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers", reason="Hugging Face decoders need the llm extra")
 tokenizers = pytest.importorskip("tokenizers", reason="the test's tokenizer is trained with tokenizers")
 
