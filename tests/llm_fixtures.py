@@ -193,25 +193,6 @@ def greedy(family: str, directory: Path, new_tokens: int = 2 * STEPS) -> dict[st
     return {"family": family, "ours": ours, "eager": eager, "precision": str(inference_precision("CPU"))}
 
 
-def compress_pt2e_int4(decoder: object, group_size: int) -> tuple[object, object]:
-    """``decoder``'s exported graph (prompts of any length) with its weights compressed as
-    ``export_llama --pt2e_quantize openvino_4wo`` compresses them: NNCF's ``compress_pt2e`` with
-    ``OpenVINOQuantizer(mode=INT4WO_SYM)``; the ``torch.export.ExportedProgram`` ``lower_graph``
-    takes, and the compressed module (the eager reference). Loads ExecuTorch's own backend class."""
-    import nncf.experimental.torch.fx
-    import torch
-    from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
-
-    from openvino_backend.llm.export import export_graph
-
-    exported = export_graph(decoder)
-    quantizer = OpenVINOQuantizer(mode=QuantizationMode.INT4WO_SYM, group_size=group_size, ratio=1)
-    with torch.no_grad():
-        compressed = nncf.experimental.torch.fx.compress_pt2e(exported.module(), quantizer=quantizer)
-        shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None)
-        return torch.export.export(compressed, exported.example_inputs[0], dynamic_shapes=shapes), compressed
-
-
 if __name__ == "__main__":
     family, directory = sys.argv[1], Path(sys.argv[2])
     print(json.dumps(greedy(family, directory / family)))

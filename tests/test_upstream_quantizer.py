@@ -194,10 +194,19 @@ COMPRESS_PT2E = textwrap.dedent(
                                                        "vocab_size": 512}))
     decoder = load_decoder(directory / "params.json", max_context=64)
 
-    # What export_llama's --pt2e_quantize openvino_4wo does, then this backend's lowering.
-    from tests.llm_fixtures import compress_pt2e_int4
+    # What export_llama's --pt2e_quantize openvino_4wo does (NNCF's compress_pt2e with ExecuTorch's
+    # OpenVINOQuantizer, INT4WO_SYM), then this backend's lowering.
+    import nncf.experimental.torch.fx
+    from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
 
-    regraphed, compressed = compress_pt2e_int4(decoder, group_size=128)
+    from openvino_backend.llm.export import export_graph
+
+    exported = export_graph(decoder)
+    quantizer = OpenVINOQuantizer(mode=QuantizationMode.INT4WO_SYM, group_size=128, ratio=1)
+    with torch.no_grad():
+        compressed = nncf.experimental.torch.fx.compress_pt2e(exported.module(), quantizer=quantizer)
+    prompt = torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)
+    regraphed = torch.export.export(compressed, exported.example_inputs[0], dynamic_shapes=({1: prompt}, None))
     theirs = lower_graph(regraphed, decoder)
     assert lowered_here, "this package's preprocess did not lower the compressed graph"
     recipe = export_decoder(decoder, weights="int4")  # export-llm --weights int4
