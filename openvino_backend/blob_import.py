@@ -22,6 +22,8 @@ from functools import cache
 
 import numpy as np
 
+from openvino_backend.runtime import openvino_core, openvino_version
+
 logger = logging.getLogger(__name__)
 
 # Constants an op reads as they are, large enough to tell from zeros: what the import may not copy.
@@ -53,8 +55,6 @@ def _probe_blob() -> tuple[bytes, np.ndarray, np.ndarray]:
     """A compiled blob of ``x @ W + bias`` and ``table[x-derived rows]``, an input, and its output."""
     import openvino as ov
     import openvino.opset13 as ops
-
-    from openvino_backend.runtime import openvino_core
 
     rng = np.random.default_rng(0)
     x = ops.parameter([_ROWS, _FEATURES], np.float32, name="x")
@@ -122,14 +122,8 @@ def import_copies_blob() -> bool:
     copies = error < 1.0  # the constants are 64-128: reading zeros instead is off by at least 64
     logger.info(
         "OpenVINO %s import %s the blob (max error %.3g after overwriting it)",
-        _version(),
+        openvino_version(),
         "copies" if copies else "keeps reading",
         error,
     )
     return copies
-
-
-def _version() -> str:
-    from openvino_backend.runtime import openvino_version
-
-    return openvino_version()

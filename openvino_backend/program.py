@@ -78,12 +78,6 @@ def blobs_must_be_inline() -> bool:
     return not import_copies_blob()
 
 
-def backend_config(config: ExecutorchBackendConfig | None = None) -> ExecutorchBackendConfig:
-    """``config`` (ExecuTorch's defaults if None), with delegate data inline where OpenVINO needs it."""
-    config = config or ExecutorchBackendConfig()
-    return dataclasses.replace(config, extract_delegate_segments=False) if blobs_must_be_inline() else config
-
-
 def to_executorch(edge: EdgeProgramManager, config: ExecutorchBackendConfig | None = None) -> ExecutorchProgramManager:
     """``edge.to_executorch(config)``, its OpenVINO blobs laid out so the program runs from a file."""
     if not blobs_must_be_inline():
@@ -91,7 +85,8 @@ def to_executorch(edge: EdgeProgramManager, config: ExecutorchBackendConfig | No
     from flatbuffers.builder import BuilderSizeError  # ExecuTorch's serializer's
 
     try:
-        program = edge.to_executorch(backend_config(config))
+        inline = dataclasses.replace(config or ExecutorchBackendConfig(), extract_delegate_segments=False)
+        program = edge.to_executorch(inline)
         size = len(program.buffer)  # serialized here
     except BuilderSizeError:
         size = None  # the serializer stopped at its limit
