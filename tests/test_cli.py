@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,21 @@ def test_lower_writes_a_program_the_runtime_runs(tmp_path, capsys) -> None:
     copy, cos = run_program(pte.read_bytes(), [x])
     torch.testing.assert_close(copy, x)
     torch.testing.assert_close(cos, x.cos(), atol=2e-2, rtol=2e-2)  # bf16 on AMX CPUs
+
+
+def test_debug_shows_the_library_logs_even_where_an_import_configured_logging(tmp_path, capsys) -> None:
+    # ExecuTorch's XNNPACK partitioner calls logging.basicConfig at import: --debug must win over it.
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.addHandler(logging.NullHandler())
+    try:
+        path = _save(CopyLeaves(), (torch.randn(3, 5),), tmp_path / "copy.pt2")
+        code, _, err = _run(["lower", str(path), "-o", str(tmp_path / "copy.pte"), "--debug"], capsys)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert code == EXIT_OK
+    assert "INFO openvino_backend.partition.propose: keeping" in err and "keep_boundary_copies_out" in err
 
 
 def test_verify_import_spec_with_example_inputs(capsys) -> None:

@@ -217,7 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _quiet_libraries(debug: bool) -> None:
-    logging.basicConfig(level=logging.INFO if debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    # force: an import may have configured the root logger already (ExecuTorch's XNNPACK partitioner
+    # does, at WARNING), which would hide this package's INFO logs from --debug.
+    logging.basicConfig(
+        level=logging.INFO if debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s", force=True
+    )
     if not debug:
         warnings.filterwarnings("ignore")
 
