@@ -109,6 +109,22 @@ def test_a_result_is_judged_against_pytorch_s_own_spread_when_ties_round_the_oth
     assert judge.judge(want + 0.5, want, 0.5, 0)[0]  # what float rounding explains is not counted
 
 
+def test_the_furthest_element_may_stand_past_pytorch_s_roundings_by_as_much_as_two_of_them_differ() -> None:
+    # Activations quantized on the fly through many layers: which element moves furthest depends on
+    # which values each rounding tipped, so a correct engine's furthest element lands past both of
+    # PyTorch's roundings by up to how far apart those two land; its RMS has no such allowance.
+    want = torch.zeros(1000)
+    slack = torch.full((1000,), 0.1)
+    slack[0] = 1.0  # the furthest either of PyTorch's roundings moved an element
+    engine = torch.full((1000,), 0.05)
+    engine[500] = 1.3  # another rounding: its furthest element elsewhere, and further
+    assert not StepJudge(slack).judge(engine, want, 0, 0)[0]  # one rounding ran: no spread to allow
+    assert StepJudge(slack, spread=0.5).judge(engine, want, 0, 0)[0]
+    ok, how = StepJudge(slack, spread=0.2).judge(engine, want, 0, 0)
+    assert not ok and "two of them 0.2 apart at most" in how
+    assert not StepJudge(slack, spread=0.5).judge(torch.full((1000,), 0.2), want, 0, 0)[0]  # RMS: refused
+
+
 def test_an_unknown_precision_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(CompileSpecError, match=r"(?s)unknown inference_precision 'fp32'.*f32, bf16, f16"):
         OpenvinoPartitioner([CompileSpec("inference_precision", b"fp32")])
