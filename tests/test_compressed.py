@@ -39,6 +39,7 @@ def _compressed(mode: str) -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
     return nncf.compress_weights(graph, mode=getattr(nncf.CompressWeightsMode, mode), **options), x
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("mode", ["INT8_ASYM", "INT4_SYM"])
 @pytest.mark.parametrize("precision", TARGET_PRECISIONS)
 def test_compressed_weights_are_delegated_whole_at_every_precision(precision: str, mode: str) -> None:
@@ -52,6 +53,7 @@ def test_compressed_weights_are_delegated_whole_at_every_precision(precision: st
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.999
 
 
+@pytest.mark.isa
 def test_the_runtime_quantizes_activations_in_the_groups_the_check_emulates() -> None:
     # The stock runtime imports a blob with no properties: it computes with OpenVINO's default group size
     # and whatever runtime options the model's rt_info carried into the blob (those survive the import).
@@ -66,6 +68,7 @@ def test_the_runtime_quantizes_activations_in_the_groups_the_check_emulates() ->
         assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == DYNAMIC_GROUP
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("precision", TARGET_PRECISIONS)
 def test_a_compressed_matmul_computed_wrongly_is_refused(precision: str, monkeypatch) -> None:
     # OpenVINO's outputs scaled and shifted, as a wrong scale or zero point would: more than any

@@ -15,7 +15,7 @@ from openvino_backend.tools.verify import lower_exported, run_program
 from tests.harness import TARGET_PRECISIONS, non_delegated_ops, partitioner_for
 from zoo import SmallCNN, TransformerEncoder
 
-pytestmark = pytest.mark.slow  # quantizes and lowers real CNNs and encoders, per precision
+pytestmark = [pytest.mark.slow, pytest.mark.isa]  # quantizes and lowers real CNNs and encoders, per precision
 
 
 def quantize(module: torch.nn.Module, example: torch.Tensor, *, per_channel: bool, fold: bool) -> torch.nn.Module:

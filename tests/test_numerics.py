@@ -43,6 +43,7 @@ def _kept_out(partitioner: OpenvinoPartitioner) -> dict[str, str]:
     return {kept.node.op: kept.reason for kept in partitioner.report.kept_out}
 
 
+@pytest.mark.isa
 def test_openvino_miscomputes_the_range_when_nothing_guards_it() -> None:
     """The case is real: without folding or the check, the lowered program is wrong."""
     x = torch.randn(8)
@@ -74,6 +75,7 @@ def test_large_constants_are_left_to_run_time() -> None:
     assert any("arange" in str(node.target) for node in graph.nodes)
 
 
+@pytest.mark.isa
 def test_numerical_check_keeps_the_miscomputed_op_out() -> None:
     partitioner = OpenvinoPartitioner(fold_constants=False)
     execute_layer_test(ShiftByAbsRange(), (torch.randn(8),), expected_partitions=None, partitioner=partitioner)
@@ -85,6 +87,7 @@ def test_numerical_check_keeps_the_miscomputed_op_out() -> None:
     assert [op for op, _ in partitioner.numerical_check.narrowed] == ["aten.abs.default"]
 
 
+@pytest.mark.isa
 def test_numerical_check_alone_keeps_a_passthrough_from_returning_stale_memory(monkeypatch) -> None:
     """With the copy rules, the conversion check and the validator all off, the check still holds."""
     monkeypatch.setattr(preprocess, "validate_model", lambda *a, **k: None)

@@ -54,6 +54,7 @@ def ties() -> torch.Tensor:
     return (torch.arange(-40, 40, dtype=torch.float32) * SCALE / 2).reshape(8, 10)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("precision", TARGET_PRECISIONS)
 def test_a_step_at_a_rounding_tie_is_agreement(precision, kind) -> None:
@@ -72,6 +73,7 @@ def test_a_step_at_a_rounding_tie_is_agreement(precision, kind) -> None:
     assert off.max() <= step + 1e-2
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("precision", TARGET_PRECISIONS)
 def test_a_zero_point_applied_off_by_one_is_refused(precision, kind, monkeypatch) -> None:

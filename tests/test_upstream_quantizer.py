@@ -118,8 +118,8 @@ SCRIPT = textwrap.dedent(
     [
         ("resnet18", "INT8_SYM", "fold"),
         ("resnet18", "INT8_MIXED", "no-fold"),
-        ("encoder", "INT8_TRANSFORMER", "fold"),
-        ("encoder", "INT8_MIXED", "no-fold"),
+        pytest.param("encoder", "INT8_TRANSFORMER", "fold", marks=pytest.mark.isa),
+        pytest.param("encoder", "INT8_MIXED", "no-fold", marks=pytest.mark.isa),
         ("resnet18", "INT8_SYM", "prepare-convert"),
     ],
 )
