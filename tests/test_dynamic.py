@@ -8,6 +8,7 @@ import openvino as ov
 import pytest
 import torch
 from torch.export import Dim
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from openvino_backend.diagnostics import DimOrderError, EdgeTensorError
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
@@ -200,3 +201,36 @@ def test_logical_ops_run_in_openvino() -> None:
     report = partitioner.report
     assert report.delegated_nodes == report.total_nodes - len(missing), report
     assert check_run(module, program.buffer, inputs).ok
+
+
+class CutInTheMiddle(torch.nn.Module):
+    """A chain of ops over a dynamic batch, cut in its middle by an op left to the CPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(8):
+            x = (x * 1.5).sin()
+        x = torch.atan(x)  # kept on the CPU (op_types_to_skip)
+        return (x + 1).cos()
+
+
+def test_a_dynamic_chain_cut_in_its_middle_settles_in_a_round_of_proposals(monkeypatch) -> None:
+    # Every value before the cut has a dynamic batch, so none may leave a partition: all of it goes to
+    # the CPU. Refused op by op, that took a round of proposals per op (hundreds for a decoder).
+    rounds = []
+    propose = CapabilityBasedPartitioner.propose_partitions
+
+    def counted(self):
+        rounds.append(len(self.graph_module.graph.nodes))
+        return propose(self)
+
+    monkeypatch.setattr(CapabilityBasedPartitioner, "propose_partitions", counted)
+    module = CutInTheMiddle().eval()
+    partitioner = OpenvinoPartitioner(op_types_to_skip={"aten.atan.default"})
+    program = lower_exported(_export(module, torch.randn(2, 6)), partitioner=partitioner)
+    kept = {k.node.name: k.reason for k in partitioner.report.kept_out}
+    assert sum("sin" in name for name in kept) == 8, kept  # the whole chain before the cut
+    assert len(rounds) <= 3, f"{len(rounds)} rounds of proposals"
+    for n in (1, 5, 8):
+        x = torch.randn(n, 6)
+        (got,) = run_program(program.buffer, [x])
+        torch.testing.assert_close(got, module(x), atol=1e-2, rtol=1e-2)

@@ -112,8 +112,25 @@ def keep_non_default_dim_order_out(part: PartitionView) -> Iterator[Objection]:
 
 
 def keep_unbindable_tensors_out(part: PartitionView) -> Iterator[Objection]:
-    """Every tensor at the edge must be one the runtime can bind (dtype, rank, static output size)."""
-    return _reject_at_edge(part, unbindable_output, unbindable)
+    """Every tensor at the edge must be one the runtime can bind (dtype, rank, static output size).
+
+    A node kept out takes with it the producers inside the partition whose values it reads and the
+    runtime could not bind either: once it runs on the CPU those values leave the partition, and
+    would be kept out in turn. Refused together, a dynamic-shape decoder cut in its middle settles in
+    one round of proposals, not one per op back to where its shapes are static."""
+    kept: dict[torch.fx.Node, str] = {}
+    for node, why in _reject_at_edge(part, unbindable_output, unbindable):
+        kept.setdefault(node, why)
+    readers = list(kept)
+    while readers:
+        reader = readers.pop()
+        for source in reader.all_input_nodes:
+            if source not in part.nodes or source in kept:
+                continue
+            if (why := first_problem(tensors_read(source, [reader]), unbindable_output)) is not None:
+                kept[source] = f"result leaves the partition {why} once `{reader.name}`, kept out, reads it"
+                readers.append(source)
+    yield from kept.items()
 
 
 def keep_quantize_pairs_together(part: PartitionView) -> Iterator[Objection]:
