@@ -11,7 +11,8 @@ long from position 0 in one call (prefill ms: the median of three, no two with a
 in common, since GenAI caches prompt prefixes), the last one the prompt itself, then
 ``N`` greedy tokens, end-of-sequence ignored (the median ms of one token). One JSON line on stdout: ``prefill_ms``,
 ``decode_ms``, ``peak_mb`` (this process's peak resident memory), ``rss_mb`` (what it holds after the
-last call), ``tokens``.
+last call), ``base_mb`` (what it held once its library was imported, before the model was loaded:
+ExecuTorch's Python binding imports torch, which GenAI's and llama.cpp's do not), ``tokens``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def ours(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
     from openvino_backend.llm.generate import Generator
     from openvino_backend.runtime import torch_workers_idle
 
+    base = peak_mb("VmRSS")
     generator = Generator(Path(model))
 
     def run(count: int, ids: Sequence[int] = prompt) -> tuple[float, list[float], list[int]]:
@@ -62,7 +64,7 @@ def ours(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
         return prefill, times, chosen
 
     with torch_workers_idle():
-        return _measured(run, prompt, tokens)
+        return _measured(run, prompt, tokens, base)
 
 
 def genai(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
@@ -72,6 +74,7 @@ def genai(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
     import openvino as ov
     import openvino_genai
 
+    base = peak_mb("VmRSS")
     pipeline = openvino_genai.LLMPipeline(model, "CPU")
 
     def run(count: int, ids: Sequence[int] = prompt) -> tuple[float, list[float], list[int]]:
@@ -91,7 +94,7 @@ def genai(model: str, prompt: Sequence[int], tokens: int, context: int) -> dict:
         times = [1000 * (b - a) for a, b in itertools.pairwise(stamps)]
         return prefill, times, [int(t) for t in result.tokens[0][:count]]
 
-    return _measured(run, prompt, tokens)
+    return _measured(run, prompt, tokens, base)
 
 
 def llamacpp(model: str, prompt: Sequence[int], tokens: int, context: int, extra_buffers: bool = True) -> dict:
@@ -105,6 +108,7 @@ def llamacpp(model: str, prompt: Sequence[int], tokens: int, context: int, extra
     import llama_cpp.llama as high_level
     import numpy as np
 
+    base = peak_mb("VmRSS")
     threads = len(os.sched_getaffinity(0))
     defaults = high_level.llama_cpp.llama_model_default_params
 
@@ -135,10 +139,12 @@ def llamacpp(model: str, prompt: Sequence[int], tokens: int, context: int, extra
             times.append(1000 * (time.perf_counter() - start))
         return prefill, times, chosen
 
-    return _measured(run, prompt, tokens)
+    return _measured(run, prompt, tokens, base)
 
 
-def _measured(run: Callable[..., tuple[float, list[float], list[int]]], prompt: Sequence[int], tokens: int) -> dict:
+def _measured(
+    run: Callable[..., tuple[float, list[float], list[int]]], prompt: Sequence[int], tokens: int, base_mb: float
+) -> dict:
     """Warm up, then ``PREFILLS`` prefills (the median is the answer), the last one ``prompt`` itself,
     followed by ``tokens`` greedy tokens. The others are ``prompt`` rotated: as long, no prefix in common
     with each other or with it, since GenAI's pipeline caches prompt prefixes (``enable_prefix_caching``
@@ -146,7 +152,7 @@ def _measured(run: Callable[..., tuple[float, list[float], list[int]]], prompt: 
     run(WARM_TOKENS, _rotated(prompt, PREFILLS))
     prefills = [run(0, _rotated(prompt, k))[0] for k in range(1, PREFILLS)]
     prefill, times, chosen = run(tokens, prompt)
-    return _answer(statistics.median([*prefills, prefill]), times, chosen)
+    return _answer(statistics.median([*prefills, prefill]), times, chosen, base_mb)
 
 
 def _rotated(prompt: Sequence[int], k: int) -> list[int]:
@@ -161,12 +167,13 @@ def _int64(rows: list[list[int]]) -> object:
     return np.array(rows, dtype=np.int64)
 
 
-def _answer(prefill: float, times: list[float], chosen: list[int]) -> dict:
+def _answer(prefill: float, times: list[float], chosen: list[int], base_mb: float) -> dict:
     return {
         "prefill_ms": prefill,
         "decode_ms": statistics.median(times),
         "peak_mb": peak_mb(),
         "rss_mb": peak_mb("VmRSS"),  # after every call: what the program holds once running
+        "base_mb": base_mb,
         "tokens": chosen,
     }
 

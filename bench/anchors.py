@@ -90,6 +90,7 @@ HEADERS = (
     "ours MB / GenAI MB",
     "peak MB ours / GenAI",
     "MB after the calls, ours / GenAI",
+    "of which the model, ours / GenAI",
     "greedy tokens equal",
 )
 
@@ -284,6 +285,7 @@ def bench_anchors(
                     " / ".join(f"{s:.0f}" for s in sizes),
                     f"{median([x['peak_mb'] for x in a])} / {median([x['peak_mb'] for x in b])}",
                     f"{median([x['rss_mb'] for x in a])} / {median([x['rss_mb'] for x in b])}",
+                    f"{median(_held(a))} / {median(_held(b))}",
                     _equal_prefix(a[0]["tokens"], b[0]["tokens"]) if a and b else "n/a",
                 )
             )
@@ -303,6 +305,11 @@ def bench_anchors(
         )
     ]
     return rows, llama_rows, _what(rounds, prompt_tokens)
+
+
+def _held(answers: list[dict]) -> list[float]:
+    """What each process held after its calls beyond what it held once its library was imported."""
+    return [x["rss_mb"] - x["base_mb"] for x in answers]
 
 
 def _what(rounds: int, prompt_tokens: int) -> str:

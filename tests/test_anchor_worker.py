@@ -52,3 +52,4 @@ def test_the_worker_times_what_a_fresh_program_computes(tmp_path: Path) -> None:
         logits = fresh(want[-1:])
     assert answer["tokens"] == want
     assert answer["prefill_ms"] > 0 and answer["decode_ms"] > 0 and answer["peak_mb"] >= answer["rss_mb"] > 0
+    assert answer["rss_mb"] > answer["base_mb"] > 0  # the model holds memory beyond the imported library
