@@ -98,6 +98,7 @@ def test_a_decoder_torch_export_refuses_is_refused_by_family(tiny: Path, tmp_pat
 # generate
 
 
+@pytest.mark.slow
 def test_a_truncated_program_is_one_line(program: Path, tmp_path: Path, capsys) -> None:
     data = program.read_bytes()
     for size in (10_000, len(data) - 4096):
@@ -174,6 +175,7 @@ def _module(args: list[str], prelude: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_an_internal_error_is_one_line_with_the_way_to_see_more(tmp_path: Path) -> None:
     prelude = textwrap.dedent(
         """
@@ -189,6 +191,7 @@ def test_an_internal_error_is_one_line_with_the_way_to_see_more(tmp_path: Path) 
     assert "rerun with --debug" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_truncated_program_is_not_silent_from_the_module(program: Path, tmp_path: Path) -> None:
     cut = tmp_path / "cut.pte"
     cut.write_bytes(program.read_bytes()[:10_000])

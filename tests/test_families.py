@@ -96,6 +96,7 @@ def test_family_follows_eager_at_the_default_precision(family: str, tmp_path: Pa
     assert worst < 0.05, f"{family}: relative logits error {worst:.3g}"
 
 
+@pytest.mark.slow
 def test_an_encoder_only_directory_lowers_for_any_sequence_length_and_matches_eager(tmp_path: Path, capsys) -> None:
     import json
 

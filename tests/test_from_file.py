@@ -95,6 +95,7 @@ def _assert_matches_eager(module: torch.nn.Module, inputs, results: list[torch.T
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_a_program_written_by_to_executorch_runs_from_its_path_in_a_fresh_process(tmp_path: Path) -> None:
     module, inputs = Tagger().eval(), (torch.randint(0, 50, (4, 6)),)
     program = to_executorch(_edge(module, inputs))
@@ -105,6 +106,7 @@ def test_a_program_written_by_to_executorch_runs_from_its_path_in_a_fresh_proces
     _assert_matches_eager(module, inputs, _run_in_fresh_process(pte, inputs, tmp_path))
 
 
+@pytest.mark.slow
 def test_executorch_default_writer_runs_from_its_path_exactly_where_the_probe_says_it_does(tmp_path: Path) -> None:
     """The probe's answer against the runtime's behaviour, unchecked: where the import copies the blob,
     ExecuTorch's default writer's program runs from its file and matches eager, and the project's
@@ -196,6 +198,7 @@ def test_check_program_refuses_what_is_not_a_program() -> None:
         segmented_delegates(b"\x00" * 64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inline", [True, False], ids=["import-keeps-reading", "import-copies"])
 def test_a_program_past_the_flatbuffer_limit(monkeypatch, tmp_path: Path, inline: bool) -> None:
     """Inline blobs count against the flatbuffer's limit: refused with its reason. In segments they do

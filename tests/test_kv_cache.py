@@ -113,6 +113,7 @@ def test_a_long_cache_is_read_as_far_as_the_mask_reaches_and_follows_eager_throu
     _assert_follows_eager(program, eager, CALLS, seed=0)
 
 
+@pytest.mark.slow
 def test_a_cache_of_one_block_is_left_at_its_length(params: Path, caplog: pytest.LogCaptureFixture) -> None:
     short = load_decoder(params, max_context=BLOCK)
     with caplog.at_level(logging.DEBUG, logger="openvino_backend.lowering.model_passes.kv_cache"):
@@ -127,6 +128,7 @@ def _compiled_models(program: ExecutorchProgramManager) -> list[ov.Model]:
     return [ov.Core().import_model(io.BytesIO(blob), "CPU").get_runtime_model() for blob in blobs]
 
 
+@pytest.mark.slow
 def test_a_cache_written_along_its_positions_is_never_transposed_whole(
     params: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

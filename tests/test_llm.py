@@ -60,6 +60,7 @@ def test_example_llama_prefills_in_one_call_and_decodes_like_eager(llama_params:
     _assert_follows_eager(decoder, copy.deepcopy(decoder.module), TINY_LLAMA["n_layers"], TINY_LLAMA["dim"])
 
 
+@pytest.mark.slow
 def test_the_whole_cache_stays_in_openvino_and_any_prompt_length_runs(llama_params: Path) -> None:
     decoder = load_decoder(llama_params, max_context=CONTEXT)
     eager = copy.deepcopy(decoder.module)
@@ -77,6 +78,7 @@ def test_the_whole_cache_stays_in_openvino_and_any_prompt_length_runs(llama_para
         assert Tolerance.for_output(torch.float32, terms=64, scale=want.abs().max().item(), ops=8).check(got, want)
 
 
+@pytest.mark.slow
 def test_a_prompt_beyond_the_context_is_refused(llama_params: Path) -> None:
     generator = Generator(export_decoder(load_decoder(llama_params, max_context=8)).buffer)
     with pytest.raises(ValueError, match="exceed the program's context of 8"):
@@ -99,6 +101,7 @@ def test_a_hugging_face_decoder_from_its_config_decodes_like_eager(tmp_path: Pat
     _assert_follows_eager(decoder, copy.deepcopy(decoder.module), layers=2, dim=64, steps=8)
 
 
+@pytest.mark.slow
 def test_export_and_generate_from_the_command_line(tmp_path: Path, llama_params: Path, capsys) -> None:
     program = tmp_path / "tiny.pte"
     assert main(["export-llm", str(llama_params), "-o", str(program), "--max-seq-len", str(CONTEXT)]) == EXIT_OK

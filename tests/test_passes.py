@@ -171,6 +171,7 @@ def test_bmm_with_regrouped_batch_is_left_as_it_is() -> None:
     _assert_right_at(module, program.buffer, [list(inputs)])
 
 
+@pytest.mark.slow
 def test_symbolic_view_sizes_reach_openvino_as_constants() -> None:
     # Each attention reshape is sized by the batch (9 * batch, ...): written as -1, its target is a
     # constant and OpenVINO keeps the static dims around it.
