@@ -55,6 +55,7 @@ def llama_params(tmp_path: Path) -> Path:
 
 
 @pytest.mark.isa
+@pytest.mark.slow  # the inner loop exports a decoder in test_families' llama
 def test_example_llama_prefills_in_one_call_and_decodes_like_eager(llama_params: Path) -> None:
     decoder = load_decoder(llama_params, max_context=CONTEXT)
     _assert_follows_eager(decoder, copy.deepcopy(decoder.module), TINY_LLAMA["n_layers"], TINY_LLAMA["dim"])
