@@ -165,3 +165,33 @@ def test_a_refused_dequantize_takes_its_quantize_out_with_a_reason_naming_the_pa
         lower_exported(torch.export.export(RoundTrip(), (x,)), partitioner=OpenvinoPartitioner(fold_constants=False))
     assert "blamed by this test" in str(caught.value)
     assert "quantize whose dequantize runs outside the partition" in str(caught.value)
+
+
+def test_a_rerun_holds_only_the_values_it_is_asked_for() -> None:
+    """The judges rerun a whole partition (a decoder, its caches in every layer) in PyTorch: each
+    changed value is dropped once its last reader has run, so the rerun holds a layer's values, and
+    it returns only the outputs being judged."""
+    from openvino_backend.partition.quantized import _rerun
+
+    class Chain(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a = x * 2
+            b = a + 1
+            c = torch.relu(b)
+            return c * 3, b - 1
+
+    graph = torch.fx.symbolic_trace(Chain()).graph
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    x = next(n for n in graph.nodes if n.op == "placeholder")
+    first, *_, out_b = nodes
+    values = {x: torch.ones(4)}
+    for node in nodes:
+        args = torch.fx.node.map_arg(node.args, values.__getitem__)
+        values[node] = node.target(*args)
+
+    def doubled(node: torch.fx.Node, args: tuple, kwargs: dict) -> object:
+        return node.target(*args, **kwargs) * 2
+
+    changed = _rerun(nodes, values, {first: doubled}, [out_b])
+    assert list(changed) == [out_b]  # every other changed value was dropped once read
+    assert torch.equal(changed[out_b], torch.full((4,), 4.0))  # (1 * 2 * 2 + 1) - 1

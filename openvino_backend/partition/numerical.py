@@ -185,16 +185,18 @@ class NumericalCheck:
         if not failed:
             return None
         # A quantized value a step from PyTorch's is rounding too: judged in steps (quantized.py), once
-        # computed in f32 (a reduced precision's own rounding would blur a step).
+        # computed in f32 (a reduced precision's own rounding would blur a step). Only the outputs that
+        # failed are judged: PyTorch reruns the partition for them, keeping nothing else.
         in_f32 = confirm or self._computes_in == "f32"
+        judged = [outputs[i] for i in failed]
         judges: list = []
         if in_f32 and quantizes(nodes):
-            judges = step_judges(nodes, outputs, self.values, self._constants)
+            judges = step_judges(nodes, judged, self.values, self._constants)
         elif in_f32 and (matmuls := compressed_matmuls(nodes, self._constants)):
-            judges = dynamic_judges(nodes, outputs, self.values, matmuls)
-        for index in failed:
+            judges = dynamic_judges(nodes, judged, self.values, matmuls)
+        for position, index in enumerate(failed):
             node, got, want, tolerance = outputs[index], actual[index], expected[index], tolerances[index]
-            judge = judges[index] if judges else None
+            judge = judges[position] if judges else None
             if judge is None or got.shape != want.shape:
                 return Mismatch(node, _describe(got, want, tolerance, self.precision, confirm))
             ok, how = judge.judge(got, want, tolerance.atol, tolerance.rtol)

@@ -81,7 +81,7 @@ def step_judges(
         return _flip_near_ties(node, args, node.target(*args, **kwargs))
 
     activations = [n for n in nodes if is_quantize(n) and n.args[0] not in constants]
-    flipped = _rerun(nodes, values, dict.fromkeys(activations, flip))
+    flipped = _rerun(nodes, values, dict.fromkeys(activations, flip), outputs)
     judges: list[StepJudge | None] = []
     for node in outputs:
         want = values[node]
@@ -101,17 +101,31 @@ def _rerun(
     nodes: Sequence[torch.fx.Node],
     values: Mapping[torch.fx.Node, object],
     changes: Mapping[torch.fx.Node, Callable[[torch.fx.Node, tuple, dict], object]],
+    keep: Sequence[torch.fx.Node],
 ) -> dict[torch.fx.Node, object]:
-    """The values ``nodes`` compute in PyTorch when each node of ``changes`` is computed by its
-    function instead (given the node and its arguments); only the nodes a change reaches."""
-    changed: dict[torch.fx.Node, object] = {}
+    """The values of ``keep`` that ``nodes`` compute in PyTorch when each node of ``changes`` is
+    computed by its function instead (given the node and its arguments); only those a change reaches.
+
+    A changed value is dropped once the last of ``nodes`` reading it has run: the rerun holds what
+    one layer holds, not every value of the partition (a decoder's caches pass through each layer)."""
+    kept = set(keep)
+    position = {node: i for i, node in enumerate(nodes)}
+    last_read: dict[torch.fx.Node, int] = {}
     for node in nodes:
+        for source in node.all_input_nodes:
+            last_read[source] = position[node]
+    changed: dict[torch.fx.Node, object] = {}
+    for i, node in enumerate(nodes):
         if node.op != "call_function" or not (node in changes or any(n in changed for n in node.all_input_nodes)):
             continue
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: changed.get(n, values[n]))
         compute = changes.get(node, lambda n, a, k: n.target(*a, **k))
         with torch.no_grad():
             changed[node] = compute(node, args, kwargs)
+        del args, kwargs
+        for source in {*node.all_input_nodes, node}:
+            if source in changed and source not in kept and last_read.get(source, -1) <= i:
+                del changed[source]
     return changed
 
 
@@ -209,7 +223,7 @@ def dynamic_judges(
     tie rounded the other way (OpenVINO's activations differ from PyTorch's by float rounding, enough
     to tip a tie); a correct result is no further from PyTorch's than the further of the two, its
     furthest element give or take how far apart the two land (``StepJudge.judge``)."""
-    reruns = [_rerun_quantizing(nodes, values, matmuls, flip) for flip in (False, True)]
+    reruns = [_rerun_quantizing(nodes, outputs, values, matmuls, flip) for flip in (False, True)]
     judges: list[StepJudge | None] = []
     cause = (
         f"activations of compressed-weight matmuls quantized to int8 in groups of {DYNAMIC_GROUP} (as OpenVINO does)"
@@ -228,6 +242,7 @@ def dynamic_judges(
 
 def _rerun_quantizing(
     nodes: Sequence[torch.fx.Node],
+    outputs: Sequence[torch.fx.Node],
     values: Mapping[torch.fx.Node, object],
     matmuls: Mapping[torch.fx.Node, int],
     flip: bool,
@@ -237,7 +252,7 @@ def _rerun_quantizing(
         args = (*args[:position], _quantize_groups(args[position], flip), *args[position + 1 :])
         return node.target(*args, **kwargs)
 
-    return _rerun(nodes, values, dict.fromkeys(matmuls, quantized))
+    return _rerun(nodes, values, dict.fromkeys(matmuls, quantized), outputs)
 
 
 def _quantize_groups(x: object, flip_ties: bool) -> object:
