@@ -160,6 +160,9 @@ def test_large_values_from_weights_alone_are_recomputed_not_held() -> None:
     first, again = values[transposes[0]], values[transposes[0]]
     assert first is not again, "a 2 MiB transposed weight was held"
     assert torch.equal(first, model.weight.detach().T)
+    # Computed again as a view of the weight: no second weight-sized tensor while it is in use.
+    weight = values[transposes[0].args[0]]
+    assert first.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
     out = next(node for node in values if node.op == "call_function" and "addmm" in str(node.target))
     assert values[out] is values[out], "a value computed from the input must be held"
     torch.testing.assert_close(values[out], model(x).detach())

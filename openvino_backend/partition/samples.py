@@ -62,6 +62,11 @@ class SampleValues(Mapping[torch.fx.Node, object]):
             return value
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.__getitem__)
         with torch.no_grad():
+            # A layout copy computed again is its view: the same values, without a second weight-sized
+            # tensor (a linear's weight reaches its matmul through a permute_copy).
+            view = _VIEWS.get(op_name(node))
+            if view is not None and not kwargs and isinstance(args[0], torch.Tensor):
+                return view(*args)
             return node.target(*args, **kwargs)
 
     def __iter__(self) -> Iterator[torch.fx.Node]:
@@ -70,6 +75,13 @@ class SampleValues(Mapping[torch.fx.Node, object]):
     def __len__(self) -> int:
         return len(self._values)
 
+
+# Copies whose values a view of their input gives.
+_VIEWS = {
+    "aten.permute_copy.default": torch.permute,
+    "aten.expand_copy.default": lambda x, size, implicit=False: x.expand(size),
+    "aten.view_copy.default": torch.reshape,
+}
 
 # Integer inputs no index op reads are drawn from [-INT_RANGE, INT_RANGE).
 INT_RANGE = 8
