@@ -15,8 +15,10 @@ def run() -> int:
 
         silence_libraries()
     try:
-        from openvino_backend.tools.cli import main
+        from openvino_backend.tools.cli import main, return_freed_memory
 
+        # The process's allocator, so only here: a program calling main() keeps its own.
+        return_freed_memory()
         return main()
     except Exception as error:  # before the command line could catch it (importing the libraries, say)
         from openvino_backend.tools.quiet import stderr

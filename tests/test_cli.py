@@ -252,3 +252,35 @@ def test_verify_prints_only_its_own_output(extra) -> None:
         assert result.stdout.startswith("model: copy-of-input\n")
         assert all(not line or line.startswith(("model:", "  ")) for line in result.stdout.splitlines())
         assert "runtime loaded" not in result.stdout and "Failed to load" not in result.stdout
+
+
+@pytest.mark.slow  # two fresh interpreters
+def test_the_command_line_gives_freed_buffers_back_to_the_system() -> None:
+    """A megabyte buffer is mapped on its own (glibc's ``mallinfo2().hblkhd`` grows by it), so freeing it
+    gives it back; by default, once a larger block has been freed, glibc serves it from its heap, where a
+    block in use above it pins it after it is freed (an export's stages would leave their tensors behind)."""
+    script = """
+import ctypes, sys
+import torch
+from openvino_backend.tools.cli import return_freed_memory
+
+class Info(ctypes.Structure):
+    names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    _fields_ = [(name, ctypes.c_size_t) for name in names.split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "returned":
+    assert return_freed_memory()
+first = torch.ones(4 << 20)  # 16 MB: freed, it raises glibc's default threshold past 2 MB
+del first
+before = libc.mallinfo2().hblkhd
+block = torch.ones(1 << 19)  # 2 MB
+print((libc.mallinfo2().hblkhd - before) >> 20)
+"""
+    mapped = {
+        mode: int(
+            subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True).stdout
+        )
+        for mode in ("default", "returned")
+    }
+    assert mapped == {"default": 0, "returned": 2}, mapped

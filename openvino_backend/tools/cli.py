@@ -9,6 +9,7 @@ model, program or input the command refuses, 4 an internal error (rerun with
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import sys
 import traceback
@@ -214,6 +215,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=stderr(),
         )
         return EXIT_INTERNAL
+
+
+# glibc's mallopt parameter: allocations from this size up are mapped on their own, and unmapped when freed.
+M_MMAP_THRESHOLD = -3
+
+
+def return_freed_memory(threshold: int = 1 << 20) -> bool:
+    """Give freed buffers of ``threshold`` bytes or more back to the system at once (glibc).
+
+    By default glibc raises that threshold to the size of each large block freed (up to 32 MB) and keeps
+    later blocks below it in its heap, where a block still in use above them pins every freed one: an
+    export frees a model's worth of tensors between stages and the process kept them (SmolLM2-135M int4
+    at context 2048: peak 4.2 GB, 3.4 GB with this). False where the C library has no ``mallopt``."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 def _quiet_libraries(debug: bool) -> None:
