@@ -12,13 +12,19 @@ they are, which keeps them compressed in the compiled model: the ``.pte`` stores
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
-from collections.abc import Sequence
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Literal
 
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchProgramManager, to_edge_transform_and_lower
 from torch._export.verifier import SpecViolationError
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from openvino_backend.diagnostics import OpenvinoExportError
 from openvino_backend.llm.models import Decoder, UnsupportedDecoderError
@@ -105,25 +111,151 @@ def export_graph(
         raise CompressionError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS)}")
     if symmetric and weights == "f32":
         logger.warning("symmetric only shapes compressed weights: ignored for f32")
+    if decoder.released:
+        raise ValueError(f"{decoder.name}: an export compressed its stored weights and let them go: load it again")
     inputs = example_inputs(decoder, 3 if dynamic else 1)
     shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None) if dynamic else None
+    streamed = decoder.stored is not None and weights != "f32" and not calibration
+    if decoder.stored is not None and not streamed:
+        # f32 weights are the program's, and calibration runs the model: both need the f32 model.
+        put_back_weights(decoder)
     with torch.no_grad():
         try:
-            exported = torch.export.export(decoder.module, inputs, dynamic_shapes=shapes, strict=decoder.strict)
+            # The stand-ins of stored weights trace without strict's copy of every parameter.
+            strict = decoder.strict and not streamed
+            exported = torch.export.export(decoder.module, inputs, dynamic_shapes=shapes, strict=strict)
         except Exception as error:  # the model's code: data-dependent control flow, unsupported ops, ...
             raise UnsupportedDecoderError(f"{decoder.name}: torch.export cannot export it ({_first(error)})") from error
         if weights != "f32":
-            compressed = compress_weights(
-                exported.module(),
-                weights,
-                calibration,
-                decoder,
-                ratio=ratio,
-                group_size=group_size,
-                symmetric=symmetric,
-            )
+            graph_module = exported.module()
+            if streamed:
+                _take_stored_weights(graph_module, decoder.stored)
+            with releasing_pages(decoder.stored.values() if streamed else ()):
+                compressed = compress_weights(
+                    graph_module,
+                    weights,
+                    calibration,
+                    decoder,
+                    ratio=ratio,
+                    group_size=group_size,
+                    symmetric=symmetric,
+                )
+            if streamed:
+                _computing_in_f32(compressed)
+                # Nothing reads the checkpoint any more: its pages (memory-mapped) go with it.
+                del graph_module
+                decoder.stored, decoder.released = None, True
             exported = torch.export.export(compressed, inputs, dynamic_shapes=shapes)
     return exported
+
+
+MADV_DONTNEED = 4
+
+
+def file_mappings(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
+    """The address ranges of the file mappings (a memory-mapped checkpoint) ``tensors`` live in."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[5].startswith("/"):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    pointers = {t.untyped_storage().data_ptr() for t in tensors}
+    return [(a, b) for a, b in ranges if any(a <= p < b for p in pointers)]
+
+
+def release_pages(ranges: Sequence[tuple[int, int]]) -> None:
+    """Drop this process's resident pages of file mappings: the file keeps the data, and a later read
+    faults it in again (the kernel's page cache usually still has it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for start, end in ranges:
+        libc.madvise(start, end - start, MADV_DONTNEED)
+
+
+@contextlib.contextmanager
+def releasing_pages(tensors: Iterable[torch.Tensor], every: float = 0.25) -> Iterator[None]:
+    """While the block runs, the pages of the file mappings ``tensors`` live in are released every
+    ``every`` seconds: a checkpoint read once, weight by weight, costs what the weights being read
+    cost, not the whole file (resident pages of a mapping count as the process's memory)."""
+    ranges = file_mappings(tensors) if sys.platform == "linux" else []
+    if not ranges:
+        yield
+        return
+    done = threading.Event()
+
+    def release() -> None:
+        while not done.wait(every):
+            release_pages(ranges)
+
+    worker = threading.Thread(target=release, name="release-checkpoint-pages", daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        worker.join()
+        release_pages(ranges)
+
+
+@contextlib.contextmanager
+def _decompressed_shapes_only() -> Iterator[None]:
+    """NNCF records the value of each weight decompressor it inserts by running it on the compressed
+    weight: every weight dequantized, all held until compression ends (a 3 B model's 6 GB in bf16).
+    Here it runs them on fake tensors: the shapes and dtypes it records, and nothing else."""
+    try:
+        from nncf.experimental.torch.fx import transformations
+
+        record = transformations._set_new_node_meta
+    except (ImportError, AttributeError):  # another NNCF: compress_weights drops the values afterwards
+        yield
+        return
+
+    def shapes_only(*args: object, **kwargs: object) -> None:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            record(*args, **kwargs)
+
+    transformations._set_new_node_meta = shapes_only
+    try:
+        yield
+    finally:
+        transformations._set_new_node_meta = record
+
+
+def put_back_weights(decoder: Decoder) -> None:
+    """Give ``decoder.module`` its stored weights, in f32: an eager model again."""
+    if decoder.released:
+        raise ValueError(f"{decoder.name}: an export compressed its stored weights and let them go: load it again")
+    if decoder.stored is None:
+        return
+    with torch.no_grad():
+        for name, parameter in decoder.module.named_parameters(remove_duplicate=False):
+            if name in decoder.stored:
+                parameter.copy_(decoder.stored[name])
+    decoder.stored = None
+
+
+def _take_stored_weights(graph_module: torch.fx.GraphModule, stored: dict[str, torch.Tensor]) -> None:
+    """The exported graph's parameters, stand-ins traced in f32, become the stored weights (checkpoint
+    dtype) for NNCF to compress: it reads each in f32 and writes integer weights whose dequantize gives
+    f32 (``_computing_in_f32``), exactly what it makes of f32 weights."""
+    for name in [name for name, _ in graph_module.named_parameters(remove_duplicate=False)]:
+        if name not in stored:
+            raise RuntimeError(f"the exported graph's parameter {name} stands for no stored weight")
+        owner, _, attribute = name.rpartition(".")
+        weight = torch.nn.Parameter(stored[name], requires_grad=False)
+        setattr(graph_module.get_submodule(owner) if owner else graph_module, attribute, weight)
+
+
+def _computing_in_f32(graph_module: torch.fx.GraphModule) -> None:
+    """After compression: dequantized weights in f32, and what NNCF left of the stored weights (norms,
+    biases) as f32 copies, so the graph computes as the model does in f32."""
+    for module in graph_module.modules():
+        if isinstance(getattr(module, "result_dtype", None), torch.dtype):  # NNCF's weight decompressors
+            module.result_dtype = torch.float32
+        for name, parameter in list(module.named_parameters(recurse=False)):
+            if parameter.is_floating_point() and parameter.dtype != torch.float32:
+                setattr(module, name, torch.nn.Parameter(parameter.float(), requires_grad=False))
 
 
 def lower_graph(
@@ -227,6 +359,13 @@ def compress_weights(
         nncf.errors.ParameterNotSupportedError,
     )
     try:
-        return nncf.compress_weights(graph_module, **options)
+        with _decompressed_shapes_only():
+            compressed = nncf.compress_weights(graph_module, **options)
     except verdicts as error:
         raise CompressionError(f"NNCF cannot compress {decoder.name} to {weights}: {error}") from error
+    # Where that hook is missing (another NNCF), what NNCF recorded goes once it is done: nothing reads it.
+    for node in compressed.graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            del node.meta["val"]
+    return compressed

@@ -54,6 +54,12 @@ class Decoder:
     tokenizer: Path | None = None
     bos_id: int | None = None
     eos_ids: list[int] = field(default_factory=list)
+    # ``load_decoder(..., stored_weights=True)``: the checkpoint's weights in its own dtype, by parameter
+    # name in ``module``, whose parameters are then f32 stand-ins never written or read: ``module`` has
+    # the model's shapes and computations but not its weights, which ``export_graph`` takes from here.
+    stored: dict[str, torch.Tensor] | None = None
+    # A streamed export (``export_graph``) lets the stored weights go once compressed: no longer exportable.
+    released: bool = False
 
 
 class _ExamplesLlama(torch.nn.Module):
@@ -75,9 +81,15 @@ class _HuggingFaceDecoder(torch.nn.Module):
         return self.cached(input_ids=tokens, cache_position=positions)[:, -1, :]
 
 
-def load_decoder(source: Path, *, checkpoint: Path | None = None, max_context: int = 128) -> Decoder:
+def load_decoder(
+    source: Path, *, checkpoint: Path | None = None, max_context: int = 128, stored_weights: bool = False
+) -> Decoder:
     """The decoder ``source`` describes: a ``params.json`` (or a directory holding one) for
-    ExecuTorch's example Llama, or a directory with a Hugging Face ``config.json``."""
+    ExecuTorch's example Llama, or a directory with a Hugging Face ``config.json``.
+
+    ``stored_weights`` (Hugging Face directories with weights): the weights stay as the checkpoint
+    stores them (memory-mapped, in its dtype) in ``Decoder.stored``, and the module traces with f32
+    stand-ins: no f32 copy of the model is made unless the export needs one (``export_graph``)."""
     if max_context < 2:
         raise ModelSourceError(f"max_context {max_context}: a decoder needs a context of at least 2 tokens")
     source = Path(source)
@@ -90,7 +102,7 @@ def load_decoder(source: Path, *, checkpoint: Path | None = None, max_context: i
             raise ModelSourceError(
                 "--checkpoint is for ExecuTorch's example Llama; a Hugging Face directory holds its own"
             )
-        return hugging_face_decoder(source, max_context=max_context)
+        return hugging_face_decoder(source, max_context=max_context, stored_weights=stored_weights)
     if source.is_dir() and (source / "params.json").exists():
         found = checkpoint or next(iter(sorted(source.glob("*.pth"))), None)
         return examples_llama(source / "params.json", checkpoint=found, max_context=max_context)
@@ -153,7 +165,7 @@ def _load_checkpoint(transformer: torch.nn.Module, checkpoint: Path) -> None:
         )
 
 
-def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
+def hugging_face_decoder(directory: Path, *, max_context: int = 128, stored_weights: bool = False) -> Decoder:
     try:
         from transformers import GenerationConfig
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
@@ -163,8 +175,10 @@ def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
         ) from error
     config = _decoder_config(directory)
     family = config.model_type
+    stored_weights = stored_weights and any((directory / name).exists() for name in HF_WEIGHTS)
     try:
-        model = _causal_lm(directory, config)
+        model = _causal_lm(directory, config, dtype="auto" if stored_weights else torch.float32)
+        stand_ins = _stand_ins(model) if stored_weights else {}
         if model._can_set_experts_implementation():
             # Mixture of experts: the default routing counts tokens per expert with histc (no core ATen
             # op) and loops over the experts hit (data-dependent shapes); batched_mm gathers each token's
@@ -190,8 +204,14 @@ def hugging_face_decoder(directory: Path, *, max_context: int = 128) -> Decoder:
     text = config.get_text_config()
     eos_ids = getattr(text, "eos_token_id", None)  # not every family's config has one
     eos = eos_ids if isinstance(eos_ids, list) else [eos_ids]
+    module = _HuggingFaceDecoder(cached).eval()
+    stored = None
+    if stored_weights:
+        named = module.named_parameters(remove_duplicate=False)
+        stored = {name: stand_ins[id(p)] for name, p in named if id(p) in stand_ins}
     return Decoder(
-        module=_HuggingFaceDecoder(cached).eval(),
+        module=module,
+        stored=stored,
         name=f"{config.model_type}-{directory.name}",
         vocab_size=text.vocab_size,
         max_context=max_context,
@@ -241,7 +261,28 @@ def _decoder_config(directory: Path) -> object:
     return config
 
 
-def _causal_lm(directory: Path, config: object) -> torch.nn.Module:
+def _stand_ins(model: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """Replace each floating-point parameter of ``model`` by an f32 one of its shape, allocated but never
+    written (no memory is used until it is): by ``id`` of the stand-in, the tensor it stands for. Its
+    floating-point buffers (rotary frequencies) become f32, and so does the KV cache built after this."""
+    stands: dict[int, torch.Tensor] = {}
+    replaced: dict[int, torch.nn.Parameter] = {}  # a tied weight gets one stand-in
+    for module in model.modules():
+        for name, parameter in list(module.named_parameters(recurse=False)):
+            if not parameter.is_floating_point():
+                continue
+            if id(parameter) not in replaced:
+                stand_in = torch.nn.Parameter(torch.empty(parameter.shape, dtype=torch.float32), requires_grad=False)
+                replaced[id(parameter)] = stand_in
+                stands[id(stand_in)] = parameter.detach()
+            setattr(module, name, replaced[id(parameter)])
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer is not None and buffer.is_floating_point():
+                module.register_buffer(name, buffer.float(), persistent=name not in module._non_persistent_buffers_set)
+    return stands
+
+
+def _causal_lm(directory: Path, config: object, dtype: torch.dtype | str = torch.float32) -> torch.nn.Module:
     """The model with its weights (random ones, seeded, without), in the first attention form it
     takes: PyTorch's SDPA, else transformers' eager attention (Gemma2 takes only that)."""
     from transformers import AutoModelForCausalLM
@@ -253,9 +294,7 @@ def _causal_lm(directory: Path, config: object) -> torch.nn.Module:
     for attention in ("sdpa", "eager"):
         try:
             if has_weights:
-                return AutoModelForCausalLM.from_pretrained(
-                    directory, dtype=torch.float32, attn_implementation=attention
-                )
+                return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=attention)
             with torch.random.fork_rng():
                 torch.manual_seed(0)  # the same on every export
                 return AutoModelForCausalLM.from_config(config, attn_implementation=attention)

@@ -238,7 +238,11 @@ def export_llm(args: argparse.Namespace) -> int:
     ratio = 1.0 if args.ratio is None else args.ratio
     group_size = INT4_GROUP if args.group_size is None else args.group_size
     try:
-        decoder = load_decoder(args.model, checkpoint=args.checkpoint, max_context=args.max_seq_len)
+        # Compressed without calibration, the weights are read from the checkpoint as they are compressed.
+        streamed = weights != "f32" and not args.calibration_prompt
+        decoder = load_decoder(
+            args.model, checkpoint=args.checkpoint, max_context=args.max_seq_len, stored_weights=streamed
+        )
     except ModelSourceError as error:
         raise UsageError(str(error)) from error
     calibration = []
