@@ -66,14 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers:
         from bench.peers import PEERS, QUICK
 
-        unknown = sorted(set(args.models or ()) - set(PEERS))
-        if unknown:
+        if unknown := sorted(set(args.models or ()) - set(PEERS)):
             cli.error(f"--models {' '.join(unknown)}: known models are {', '.join(PEERS)}")
     if args.scale:
         from bench.scale import SHAPES
 
-        unknown = sorted(set(args.shapes or ()) - set(SHAPES))
-        if unknown:
+        if unknown := sorted(set(args.shapes or ()) - set(SHAPES)):
             cli.error(f"--shapes {' '.join(unknown)}: known shapes are {', '.join(SHAPES)}")
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)

@@ -5,44 +5,45 @@
 in bf16 without ever holding an f32 copy (built on the meta device, each tensor drawn in place),
 kept in ``~/.cache/openvino_backend/scale``. Then, each in a process of its own:
 
-* ``export-llm`` writes the program as a user would (peak RSS and seconds of that process);
-* a fresh interpreter loads the program from its file through ``executorch.runtime`` and feeds it
-  a prompt and then, one call each, eager's own greedy tokens (teacher forcing): every logits vector
-  must be within the target precision's tolerance of eager's (``follow``);
-* ExecuTorch's ``TextLLMRunner`` generates from the same file, and its tokens must be the ones the
-  package's own generator picks from that program.
+* ``export-llm`` writes the program as a user would, ``optimum-cli export openvino`` (the anchors'
+  environment) its IR with the same weights: the peak RSS and seconds of each process;
+* a fresh interpreter loads the program from its file through ``executorch.runtime``, feeds it a
+  prompt, then eager's own greedy tokens one call each: every logits vector must be within the
+  target precision's tolerance of eager's (``follow``); ``TextLLMRunner`` must generate from the
+  file the tokens the package's own generator picks.
 
-The table: checkpoint GB, export peak GB and seconds, program GB and layout, what the process
-holds once the program has run its first call (before eager is loaded: the program's weights once,
-in OpenVINO, and the interpreter), the worst relative logits error, and whether the runner agreed.
+The table: checkpoint GB, export peak GB and seconds (ours, optimum-cli's), program size and layout,
+what the process holds after the program's first call, the worst logits error, the runner's verdict.
 """
 
 from __future__ import annotations
 
 import json
 import mmap
+import re
 import sys
 from pathlib import Path
 
 from bench.harness import run_measured
 
 ROOT = Path.home() / ".cache" / "openvino_backend" / "scale"
-CONTEXT = 128
+CONTEXT = 2048  # as users export them
 PROMPT = 8
 STEPS = 6
 TEXT = "once upon a time the little robot liked the sea and read books about a boat"  # the tokenizer's
 
-# Llama-shaped decoders (random weights). "over-2gib": its f32 program is over the 2 GiB a
-# flatbuffer holds, the case only segments can write.
-SHAPES: dict[str, dict[str, int]] = {
-    "over-2gib": {
-        "hidden_size": 2048,
-        "intermediate_size": 5632,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "vocab_size": 32000,
-    },
+# Llama-shaped decoders (random weights): the dimensions of the models people run, and "over-2gib",
+# whose f32 program is over the 2 GiB a flatbuffer holds (the case only segments can write).
+_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+_ROWS = {  # the fields above, the vocabulary, then whether the head shares the embedding's weights
+    "over-2gib": ((2048, 5632, 12, 16, 8), 32000, False),
+    "qwen2.5-0.5b": ((896, 4864, 24, 14, 2), 151936, True),
+    "llama-3.2-3b": ((3072, 8192, 28, 24, 8), 128256, True),
+    "llama-3.1-8b": ((4096, 14336, 32, 32, 8), 128256, False),
+}
+SHAPES: dict[str, dict[str, int | bool]] = {
+    name: {**dict(zip(_FIELDS, sizes, strict=True)), "vocab_size": vocab, "tie_word_embeddings": tied}
+    for name, (sizes, vocab, tied) in _ROWS.items()
 }
 
 
@@ -55,12 +56,11 @@ def checkpoint(name: str, root: Path = ROOT) -> Path:
     out = root / name
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
         return out
-    config = LlamaConfig(
-        **SHAPES[name], max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False
-    )
+    config = LlamaConfig(**SHAPES[name], max_position_embeddings=4096, bos_token_id=1, eos_token_id=2)
     with torch.device("meta"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.to_empty(device="cpu")  # bf16 storage, nothing drawn yet: no f32 copy at any point
+    model.tie_weights()  # to_empty gives the head a tensor of its own
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -102,23 +102,33 @@ def write_tokenizer(directory: Path, *, vocab_size: int) -> None:
 def export(directory: Path, weights: str, out: Path) -> dict[str, object]:
     """``export-llm`` of ``directory`` into ``out``, measured."""
     command = [sys.executable, "-m", "openvino_backend", "export-llm", str(directory), "-o", str(out)]
-    command += ["--max-seq-len", str(CONTEXT), "--weights", weights]
+    command += ["--max-seq-len", str(CONTEXT), "--weights", weights, *(["--sym"] if weights == "int8" else [])]
     done, peak, seconds = run_measured(command)
     if done.returncode:
-        said = (done.stdout + done.stderr).strip().splitlines()[-3:]
-        return {"error": f"export-llm exit {done.returncode}: {' / '.join(said)}", "export_gb": peak}
+        said = " / ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+        return {"error": f"export-llm exit {done.returncode}: {said}", "export_gb": peak}
     return {"export_gb": peak, "export_s": seconds}
 
 
-def follow(directory: Path, program: Path) -> dict[str, object]:
-    """In this (fresh) process: the program from its file, teacher-forced against eager, and
-    ``TextLLMRunner`` against the package's generator. Loads the program first (its peak is the
-    run's), then the eager model."""
+def export_optimum(directory: Path, weights: str, out: Path) -> dict[str, object]:
+    """``optimum-cli export openvino`` of ``directory`` with ``weights`` into ``out``, measured."""
+    from bench.anchors import OPTIMUM_WEIGHTS, anchors_python
+
+    command = [str(anchors_python().parent / "optimum-cli"), "export", "openvino", "--model", str(directory)]
+    command += ["--task", "text-generation-with-past", *OPTIMUM_WEIGHTS[weights], str(out)]
+    done, peak, seconds = run_measured(command)
+    return {"optimum": f"exit {done.returncode}" if done.returncode else f"{peak:.2f} / {seconds:.0f}"}
+
+
+def follow(directory: Path, program: Path, weights: str) -> dict[str, object]:
+    """In this (fresh) process: the program from its file (loaded first: the peak is the run's),
+    teacher-forced against eager, and ``TextLLMRunner`` against the package's generator."""
     import torch
     from pytorch_tokenizers import get_tokenizer
     from tokenizers import Tokenizer
 
     from openvino_backend.blob_import import import_copies_blob
+    from openvino_backend.llm.export import export_graph
     from openvino_backend.llm.generate import Generator
     from openvino_backend.llm.models import load_decoder
     from openvino_backend.llm.runner import ExecutorchRunner
@@ -129,24 +139,26 @@ def follow(directory: Path, program: Path) -> dict[str, object]:
     tokens = list(range(3, 3 + PROMPT))
     got = generator(tokens)
     held = _resident_gb()  # the program after its first call: its weights once, in OpenVINO
-    decoder = load_decoder(directory, max_context=CONTEXT)
-    hidden = SHAPES[directory.name]["hidden_size"] if directory.name in SHAPES else 4096
-    precision = inference_precision("CPU")
+    # Eager with the program's weights: compressed ones are compressed again as export-llm did.
+    decoder = load_decoder(directory, max_context=CONTEXT, stored_weights=weights != "f32")
+    eager = export_graph(decoder, weights=weights, symmetric=weights == "int8").module()
+    hidden, precision = SHAPES.get(directory.name, {}).get("hidden_size", 4096), inference_precision("CPU")
     position, worst, failures = 0, 0.0, []
     for step in range(STEPS + 1):
         with torch.no_grad():
-            want = decoder.module(torch.tensor([tokens]), torch.tensor([position]))[-1]
+            want = eager(torch.tensor([tokens]), torch.tensor([position]))[-1]
         if step:
             got = generator(tokens)
         scale = want.abs().max().item()
-        tolerance = Tolerance.for_output(precision, terms=hidden, scale=scale, ops=8)
+        tolerance = Tolerance.for_output(precision, terms=int(hidden), scale=scale, ops=8)
         error = (got - want).abs().max().item()
-        if not tolerance.check(got, want):
+        # Compressed weights: OpenVINO quantizes the matmuls' activations too (no f32 tolerance holds).
+        if weights == "f32" and not tolerance.check(got, want):
             failures.append(f"step {step}: logits off by {error:.3g} (tolerance {tolerance})")
         worst = max(worst, error / max(scale, 1e-12))
         position += len(tokens)
         tokens = [int(want.argmax())]
-    del decoder
+    del decoder, eager
     prompt, tokenizer_file = "once upon a time", directory / "tokenizer.json"
     ids = list(get_tokenizer(str(tokenizer_file)).encode(prompt, bos=1, eos=0))
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
@@ -166,8 +178,7 @@ def follow(directory: Path, program: Path) -> dict[str, object]:
 
 
 def _resident_gb() -> float:
-    status = Path("/proc/self/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1e6
+    return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1e6
 
 
 def bench_scale(names: list[str], weights: str) -> list[tuple]:
@@ -176,19 +187,22 @@ def bench_scale(names: list[str], weights: str) -> list[tuple]:
     for name in names:
         directory = checkpoint(name)
         program = ROOT / f"{name}-{weights}.pte"
-        exported = export(directory, weights, program)
+        exported = export(directory, weights, program) | export_optimum(
+            directory, weights, ROOT / f"{name}-{weights}-ov"
+        )
         if "error" in exported:
-            rows.append((name, weights, f"{_gigabytes(directory):.2f}", f"{exported['export_gb']:.2f}", "-", "-", "-"))
-            rows.append(("", "", "", str(exported["error"])[:200], "", "", ""))
+            gb = f"{exported['export_gb']:.2f}"
+            rows.append((name, weights, f"{_gigabytes(directory):.2f}", gb, exported["optimum"], "-", "-", "-"))
+            rows.append(("", "", "", str(exported["error"])[:200], "", "", "", ""))
             continue
-        check, _, _ = run_measured([sys.executable, "-m", "bench.scale", str(directory), str(program)])
+        check, _, _ = run_measured([sys.executable, "-m", "bench.scale", str(directory), str(program), weights])
         lines = [line for line in check.stdout.splitlines() if line.startswith("{")]
         verdict = json.loads(lines[-1]) if check.returncode == 0 and lines else None
         followed = (
             f"exit {check.returncode}: {check.stderr.strip().splitlines()[-1:] or ''}"
             if verdict is None
-            else ("follows eager" if not verdict["failures"] else "; ".join(verdict["failures"]))
-            + f", worst {verdict['worst_relative']:.1e} rel. in {verdict['precision']}"
+            else ("follows eager" if not verdict["failures"] else "; ".join(verdict["failures"][:2]))
+            + f", worst {verdict['worst_relative']:.1e} rel. ({weights} weights, {verdict['precision']})"
             + ("; TextLLMRunner agrees" if verdict["runner_agrees"] else "; TextLLMRunner DIFFERS")
         )
         layout = "-" if verdict is None else ("segments" if verdict["segments"] else "inline")
@@ -198,6 +212,7 @@ def bench_scale(names: list[str], weights: str) -> list[tuple]:
                 weights,
                 f"{_gigabytes(directory):.2f}",
                 f"{exported['export_gb']:.2f} / {exported['export_s']:.0f}",
+                exported["optimum"],
                 f"{program.stat().st_size / 2**30:.2f} GiB, {layout}",
                 "-" if verdict is None else f"{verdict['held_gb']:.2f}",
                 followed,
@@ -211,6 +226,7 @@ HEADERS = (
     "weights",
     "checkpoint GB (bf16)",
     "export peak GB / s",
+    "optimum-cli's",
     "program",
     "held after the first call GB",
     "from its file, teacher-forced",
@@ -225,5 +241,5 @@ def run(names: list[str], weights: list[str]) -> None:
     table(title, rows, HEADERS)
 
 
-if __name__ == "__main__":  # the check, in a fresh interpreter: python -m bench.scale DIRECTORY PROGRAM
-    print(json.dumps(follow(Path(sys.argv[1]), Path(sys.argv[2]))))
+if __name__ == "__main__":  # the check, in a fresh interpreter: python -m bench.scale DIRECTORY PROGRAM WEIGHTS
+    print(json.dumps(follow(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])))
