@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -71,6 +72,23 @@ def non_delegated_ops(program: ExecutorchProgramManager) -> list[str]:
 # The inference precisions this machine's CPU can compute in (f32 everywhere, bf16 with AMX or
 # AVX512-BF16): tests whose verdict depends on the precision run once per target precision.
 TARGET_PRECISIONS = supported_precisions("CPU")
+
+
+@functools.cache
+def compiles_bare_attention(device: str = "CPU") -> bool:
+    """Whether this OpenVINO compiles, with no properties (as the runtime does), an attention whose
+    queries, keys and values are the model's inputs. OpenVINO 2025.3 and 2025.4 cannot on a CPU with
+    AMX, where they compute f32 in bf16 ("BrgemmCopyB expression is not found"); 2025.2 and 2026.4 can."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    q, k, v = (ops.parameter([1, 2, 8, 16], ov.Type.f32) for _ in range(3))
+    model = ov.Model([ops.scaled_dot_product_attention(q, k, v, causal=False)], [q, k, v])
+    try:
+        ov.Core().compile_model(model, device)
+    except RuntimeError:
+        return False
+    return True
 
 
 def partitioner_for(precision: str, **options: object) -> OpenvinoPartitioner:
