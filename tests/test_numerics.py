@@ -168,6 +168,41 @@ def test_large_values_from_weights_alone_are_recomputed_not_held() -> None:
     torch.testing.assert_close(values[out], model(x).detach())
 
 
+def test_a_compressed_weight_s_unpacking_steps_are_recomputed_not_held() -> None:
+    """Each step from a small layer's stored weight to its float value (here a cast and a scale of a
+    256x128 int8 weight, 128 KiB in f32) is computed again when asked for: a decoder has hundreds of
+    such layers, and holding every step would hold their weights several times over."""
+
+    class Dequantized(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("weight", torch.randint(-127, 128, (256, 128), dtype=torch.int8))
+            self.register_buffer("scale", torch.rand(256, 1) / 100)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(x, self.weight.float() * self.scale)
+
+    model, x = Dequantized(), torch.randn(2, 128)
+    program = to_edge(torch.export.export(model, (x,))).exported_program()
+    values = sample_values(program, (x,))
+    assert values is not None
+    steps = [
+        node
+        for node in values
+        if node.op == "call_function" and isinstance(values[node], torch.Tensor) and values[node].shape == (256, 128)
+    ]
+    assert steps, "no step of the weight's dequantization"
+    for node in steps:
+        assert values[node] is not values[node], f"{node.name} ({values[node].nbytes} bytes) was held"
+    torch.testing.assert_close(values[steps[-1]], model.weight.float() * model.scale)
+    out = next(
+        node
+        for node in values
+        if node.op == "call_function" and values[node] is not None and getattr(values[node], "shape", None) == (2, 256)
+    )
+    torch.testing.assert_close(values[out], model(x))
+
+
 def test_a_weight_written_in_place_is_not_recomputed() -> None:
     """A value read from a weight the program then writes in place is held as it was when computed:
     computing it again afterwards would read the written weight."""

@@ -23,8 +23,11 @@ from openvino_backend.transform.fold import mutated_in_place
 
 logger = logging.getLogger(__name__)
 
-# A value at least this large that computing again gives again is recomputed when asked for, not held.
+# A value at least this large that computing again gives again is recomputed when asked for, not held:
+# a copy of another value from a mebibyte; a value of the weights alone from 64 KiB (a compressed
+# weight's unpacking steps are each smaller than a mebibyte in small layers, and a decoder has hundreds).
 RECOMPUTED_BYTES = 1 << 20
+RECOMPUTED_WEIGHT_BYTES = 1 << 16
 
 
 class SampleValues(Mapping[torch.fx.Node, object]):
@@ -44,15 +47,15 @@ class SampleValues(Mapping[torch.fx.Node, object]):
     def __init__(self) -> None:
         self._values: dict[torch.fx.Node, object] = {}
 
-    def record(self, node: torch.fx.Node, value: object, *, recomputable: bool) -> None:
+    def record(self, node: torch.fx.Node, value: object, *, recomputable: bool, from_weights: bool = False) -> None:
         """``value``, computed for ``node``; ``recomputable``: computing ``node`` again from the
-        values of its inputs gives ``value`` again."""
+        values of its inputs gives ``value`` again; ``from_weights``: from the weights alone."""
         recomputed = (
             recomputable
             and node.op == "call_function"
             and torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())
             and isinstance(value, torch.Tensor)
-            and value.nbytes >= RECOMPUTED_BYTES
+            and value.nbytes >= (RECOMPUTED_WEIGHT_BYTES if from_weights else RECOMPUTED_BYTES)
         )
         self._values[node] = self._RECOMPUTED if recomputed else value
 
@@ -151,7 +154,10 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
             unchanged = node not in written and not any(n in written for n in node.all_input_nodes)
             if node.op == "call_function" and unchanged and all(n in weights for n in node.all_input_nodes):
                 weights.add(node)
-            values.record(node, result, recomputable=node in weights or (unchanged and _copies(node)))
+            from_weights = node in weights
+            values.record(
+                node, result, recomputable=from_weights or (unchanged and _copies(node)), from_weights=from_weights
+            )
             return result
 
     with torch.no_grad():
