@@ -111,8 +111,7 @@ def export_graph(
         raise CompressionError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS)}")
     if symmetric and weights == "f32":
         logger.warning("symmetric only shapes compressed weights: ignored for f32")
-    if decoder.released:
-        raise ValueError(f"{decoder.name}: an export compressed its stored weights and let them go: load it again")
+    _still_loaded(decoder)
     inputs = example_inputs(decoder, 3 if dynamic else 1)
     shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None) if dynamic else None
     streamed = decoder.stored is not None and weights != "f32" and not calibration
@@ -224,8 +223,7 @@ def _decompressed_shapes_only() -> Iterator[None]:
 
 def put_back_weights(decoder: Decoder) -> None:
     """Give ``decoder.module`` its stored weights, in f32: an eager model again."""
-    if decoder.released:
-        raise ValueError(f"{decoder.name}: an export compressed its stored weights and let them go: load it again")
+    _still_loaded(decoder)
     if decoder.stored is None:
         return
     with torch.no_grad():
@@ -233,6 +231,11 @@ def put_back_weights(decoder: Decoder) -> None:
             if name in decoder.stored:
                 parameter.copy_(decoder.stored[name])
     decoder.stored = None
+
+
+def _still_loaded(decoder: Decoder) -> None:
+    if decoder.released:
+        raise ValueError(f"{decoder.name}: an export compressed its stored weights and let them go: load it again")
 
 
 def _take_stored_weights(graph_module: torch.fx.GraphModule, stored: dict[str, torch.Tensor]) -> None:
