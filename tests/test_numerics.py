@@ -203,6 +203,69 @@ def test_a_compressed_weight_s_unpacking_steps_are_recomputed_not_held() -> None
     torch.testing.assert_close(values[out], model(x))
 
 
+def test_a_cache_s_update_and_the_arithmetic_on_it_are_recomputed_not_held() -> None:
+    """A static cache updated with the new keys, transposed and scaled is each time a cache-sized
+    value (a decoder has two caches a layer): computed again when asked for. The matmul reading
+    them is held."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.randn(1, 4, 1024, 64))  # 1 MiB
+
+        def forward(self, q: torch.Tensor, k: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+            keys = self.cache.index_copy(2, position, k)
+            return q @ (keys.transpose(-1, -2) * 0.125)
+
+    model = Attention()
+    inputs = (torch.randn(1, 4, 2, 64), torch.randn(1, 4, 1, 64), torch.tensor([5]))
+    program = to_edge(torch.export.export(model, inputs)).exported_program()
+    values = sample_values(program, inputs)
+    assert values is not None
+    sized = [
+        node
+        for node in values
+        if node.op == "call_function" and getattr(values[node], "numel", lambda: 0)() == model.cache.numel()
+    ]
+    assert len(sized) >= 2, [node.name for node in sized]  # the update and the scaled keys
+    for node in sized:
+        assert values[node] is not values[node], f"{node.name} was held"
+    keys = model.cache.index_copy(2, inputs[2], inputs[1])
+    torch.testing.assert_close(values[sized[-1]].reshape(keys.transpose(-1, -2).shape), keys.transpose(-1, -2) * 0.125)
+    out = next(node for node in values if node.op == "call_function" and "bmm" in str(node.target))
+    assert values[out] is values[out], "a matmul's value must be held"
+    torch.testing.assert_close(values[out].reshape(1, 4, 2, 1024), model(*inputs))
+
+
+def test_a_value_read_twice_on_the_way_is_computed_once() -> None:
+    """Values computed again from values computed again: each once per request, not once per path
+    (twelve residual steps would otherwise take 2**12 computations)."""
+
+    class Residuals(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(12):
+                x = x + x * 0.5
+            return x
+
+    x = torch.randn(512, 512)  # 1 MiB
+    program = to_edge(torch.export.export(Residuals(), (x,))).exported_program()
+    values = sample_values(program, (x,))
+    assert values is not None
+    last = list(program.graph.nodes)[-2]
+
+    calls = []
+
+    class Count(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        value = values[last]
+    assert len(calls) <= 2 * 12 + 2, f"{len(calls)} ops to compute a value 24 ops from the input"
+    torch.testing.assert_close(value, Residuals()(x))
+
+
 def test_a_weight_written_in_place_is_not_recomputed() -> None:
     """A value read from a weight the program then writes in place is held as it was when computed:
     computing it again afterwards would read the written weight."""

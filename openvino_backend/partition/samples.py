@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
+from torch.utils.flop_counter import flop_registry
 
 from openvino_backend.graph import non_default_dim_order, op_name
 from openvino_backend.ops import facts
@@ -24,7 +25,7 @@ from openvino_backend.transform.fold import mutated_in_place
 logger = logging.getLogger(__name__)
 
 # A value at least this large that computing again gives again is recomputed when asked for, not held:
-# a copy of another value from a mebibyte; a value of the weights alone from 64 KiB (a compressed
+# one a cheap op computes from other values from a mebibyte; a value of the weights alone from 64 KiB (a compressed
 # weight's unpacking steps are each smaller than a mebibyte in small layers, and a decoder has hundreds).
 RECOMPUTED_BYTES = 1 << 20
 RECOMPUTED_WEIGHT_BYTES = 1 << 16
@@ -36,10 +37,12 @@ class SampleValues(Mapping[torch.fx.Node, object]):
     A large value that computing again from its inputs gives again, and cheaply, is computed
     again each time it is asked for, not held: one computed from the weights alone (a weight
     transposed, a compressed weight dequantized: a model's weights pass through several such
-    steps), and a copy of another value (a view's copy, a layout change, a cast: an LLM's cache
-    passes through several per layer, its key and value heads expanded for every query head).
+    steps), and one whose op costs about what reading its inputs costs (a copy, a layout change,
+    a cast, arithmetic element by element, an index: an LLM's cache passes through several per
+    layer, updated, its key and value heads expanded for every query head, its keys scaled).
     Holding each would hold the weights' and the caches' memory several times over while the
-    partitions are checked.
+    partitions are checked. What a contraction computes (a matmul, a convolution, an attention)
+    is held.
     """
 
     _RECOMPUTED = object()  # held in place of a value computed again when asked for
@@ -61,16 +64,28 @@ class SampleValues(Mapping[torch.fx.Node, object]):
 
     def __getitem__(self, node: torch.fx.Node) -> object:
         value = self._values[node]
-        if value is not self._RECOMPUTED:
-            return value
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.__getitem__)
+        return value if value is not self._RECOMPUTED else self._recompute(node, {})
+
+    def _recompute(self, node: torch.fx.Node, done: dict[torch.fx.Node, object]) -> object:
+        """``node``'s value computed again; ``done``: what this request has computed again so far
+        (a value read twice on the way is computed once)."""
+        if node in done:
+            return done[node]
+
+        def value(arg: torch.fx.Node) -> object:
+            held = self._values[arg]
+            return held if held is not self._RECOMPUTED else self._recompute(arg, done)
+
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
         with torch.no_grad():
             # A layout copy computed again is its view: the same values, without a second weight-sized
             # tensor (a linear's weight reaches its matmul through a permute_copy).
             view = _VIEWS.get(op_name(node))
             if view is not None and not kwargs and isinstance(args[0], torch.Tensor):
-                return view(*args)
-            return node.target(*args, **kwargs)
+                done[node] = view(*args)
+            else:
+                done[node] = node.target(*args, **kwargs)
+        return done[node]
 
     def __iter__(self) -> Iterator[torch.fx.Node]:
         return iter(self._values)
@@ -156,7 +171,7 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
                 weights.add(node)
             from_weights = node in weights
             values.record(
-                node, result, recomputable=from_weights or (unchanged and _copies(node)), from_weights=from_weights
+                node, result, recomputable=from_weights or (unchanged and _cheap(node)), from_weights=from_weights
             )
             return result
 
@@ -165,11 +180,16 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
     return values
 
 
-def _copies(node: torch.fx.Node) -> bool:
-    """True when ``node`` copies its input's values, or some of them, with no arithmetic."""
+def _cheap(node: torch.fx.Node) -> bool:
+    """True when computing ``node`` costs about what reading its inputs costs: a copy of some of
+    its input's values (a view's copy, a layout or dim-order change), or an ATen op PyTorch counts
+    no flops for (``torch.utils.flop_counter`` counts the contractions)."""
     if node.op != "call_function":
         return False
-    return torch.Tag.view_copy in getattr(node.target, "tags", ()) or facts(node).copy is not None
+    if torch.Tag.view_copy in getattr(node.target, "tags", ()) or facts(node).copy is not None:
+        return True
+    op = getattr(node.target, "_op", node.target)  # an edge op wraps its ATen op
+    return isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and op.overloadpacket not in flop_registry
 
 
 def _hint(size: int | torch.SymInt) -> int:
