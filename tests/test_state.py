@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
@@ -100,6 +103,35 @@ def test_a_stateful_partition_leaves_nothing_of_the_checks_behind() -> None:
     before = set(handover._HANDED_OVER)
     _lower(Accumulator().eval(), OpenvinoPartitioner())
     assert set(handover._HANDED_OVER) <= before
+
+
+def test_a_stateful_partition_s_conversion_is_let_go_when_partitioning_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Preprocess converts it again, its buffers as variables: the checks' conversion (an LLM's
+    # weights, converted and compiled) must not live on beside that second one.
+    import openvino_backend.partition.conversion as conversion
+
+    converted: list[weakref.ref] = []
+    convert = conversion.convert_partition
+
+    def remembered(*args: object, **kwargs: object) -> object:
+        result = convert(*args, **kwargs)
+        converted.append(weakref.ref(result))
+        return result
+
+    monkeypatch.setattr(conversion, "convert_partition", remembered)
+    partitioner = OpenvinoPartitioner()
+    partition, alive = partitioner.partition, []
+
+    def partition_then_look(program: object) -> object:
+        result = partition(program)
+        gc.collect()
+        alive.extend(ref() for ref in converted if ref() is not None)
+        return result
+
+    monkeypatch.setattr(partitioner, "partition", partition_then_look)
+    _lower(Accumulator().eval(), partitioner)
+    assert converted, "the checks converted nothing"
+    assert not alive, "the checks' conversion of a partition with state outlived partitioning"
 
 
 class Calls(torch.nn.Module):
