@@ -10,6 +10,7 @@ import torch
 from executorch.exir import to_edge
 
 import openvino_backend.lowering.preprocess as preprocess
+import openvino_backend.partition.numerical as numerical
 import openvino_backend.partition.partitioner as partitioner_module
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.partition.samples import SampleValues, sample_values
@@ -102,6 +103,105 @@ def test_numerical_check_alone_keeps_a_passthrough_from_returning_stale_memory(m
     )
     assert "aten.clone.default" in _kept_out(partitioner)
     assert "clone.out" in non_delegated_ops(program)
+
+
+class Layers(torch.nn.Module):
+    """Four layers of 64 KiB weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(128, 128) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def _counting_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    runs: list[list[str]] = []
+    convert = numerical.convert_partition
+
+    def counted(program: object, nodes: list[torch.fx.Node]) -> object:
+        runs.append([str(node.target) for node in nodes])
+        return convert(program, nodes)
+
+    monkeypatch.setattr(numerical, "convert_partition", counted)
+    return runs
+
+
+def test_a_partition_reading_more_weights_than_a_stretch_is_checked_a_stretch_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(numerical, "STRETCH_BYTES", 100 << 10)  # a layer (65 KiB), not two
+    runs = _counting_runs(monkeypatch)
+    partitioner = OpenvinoPartitioner()
+    execute_layer_test(Layers(), (torch.randn(2, 128),), partitioner=partitioner)
+    assert partitioner.numerical_check is not None and partitioner.numerical_check.unchecked == 0
+    # One run a layer, each on its own, every node in exactly one.
+    assert [sum("addmm" in op for op in run) for run in runs] == [1, 1, 1, 1]
+    assert sum(len(run) for run in runs) == partitioner.report.delegated_nodes
+
+
+class CopyThenLayers(Layers):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x.clone()
+        return y, super().forward(y)
+
+
+@pytest.mark.isa
+def test_a_stretch_that_returns_stale_memory_is_narrowed_to_its_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check alone (no copy rules, conversion check or validator) keeps the clone of an input out,
+    found in the first of four stretches."""
+    monkeypatch.setattr(numerical, "STRETCH_BYTES", 100 << 10)
+    monkeypatch.setattr(preprocess, "validate_model", lambda *a, **k: None)
+    monkeypatch.setattr(preprocess, "validate_compiled", lambda *a, **k: None)
+    runs = _counting_runs(monkeypatch)
+    partitioner = OpenvinoPartitioner(boundary_rules=(), check_by_conversion=False)
+    program = execute_layer_test(
+        CopyThenLayers(),
+        (torch.randn(2, 128),),
+        expected_partitions=None,
+        partitioner=partitioner,
+        compile_config=NO_DIM_ORDER,
+    )
+    assert "aten.clone.default" in _kept_out(partitioner)
+    assert "clone.out" in non_delegated_ops(program)
+    assert all(sum("addmm" in op for op in run) <= 1 for run in runs), "a run took more than one stretch"
+
+
+class CopyBetweenLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.layers[0](x))
+        y = h.clone()
+        z = torch.tanh(self.layers[2](torch.tanh(self.layers[1](y))))
+        return z + y
+
+
+def test_a_copy_at_the_start_of_a_stretch_is_not_taken_for_stale_memory() -> None:
+    """A stretch starting with a copy of a value it is handed returns that copy straight from its
+    input: no runtime binds either, so it is not judged; the same copy of the partition's own input,
+    leaving the partition, is."""
+    x = torch.randn(2, 16)
+    program = to_edge(torch.export.export(CopyBetweenLayers(), (x,)), compile_config=NO_DIM_ORDER).exported_program()
+    values = sample_values(program, (x,))
+    assert values is not None
+    check = numerical.NumericalCheck(program, values)
+    nodes = [node for node in program.graph.nodes if node.op == "call_function"]
+    start = next(i for i, node in enumerate(nodes) if "clone" in node.name)
+    stretch = nodes[start : start + 4]  # the copy and the second layer
+    assert "tanh" in stretch[-1].name
+    (x_node,) = (node for node in program.graph.find_nodes(op="placeholder") if node.name == "x")
+    inside = (frozenset({x_node}), frozenset({nodes[-1]}))
+    assert check.run(stretch, edge=inside) is None
+    # Were the clone's input and output the partition's edge, its output would be stale memory.
+    at_the_edge = (frozenset({stretch[0].args[0]}), frozenset({stretch[0]}))
+    mismatch = check.run(stretch, edge=at_the_edge)
+    assert mismatch is not None and mismatch.node is stretch[0], mismatch
 
 
 def test_drawn_indices_stay_in_the_range_the_index_op_accepts() -> None:

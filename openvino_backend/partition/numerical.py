@@ -8,6 +8,10 @@ converts it, compiled for the target device with the properties the runtime
 will use (none: so in the precision it really computes in), and run the way
 the stock runtime runs it, inputs bound before outputs pre-filled with values
 that cannot pass for a result. Its outputs are compared with PyTorch's.
+A partition that reads more weights than a few layers' worth (a large
+model's) is checked a stretch at a time, at the memory a stretch costs, not a
+second whole model: each stretch is fed PyTorch's values, and every value it
+hands on, to the next stretch or out of the partition, is compared.
 
 A disagreement beyond what the device's precision allows is confirmed with
 OpenVINO forced to f32, where anything above 1e-3 is a real error and not
@@ -20,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.export import ExportedProgram
@@ -29,6 +33,7 @@ from openvino_backend.diagnostics import OpenvinoExportError
 from openvino_backend.graph import is_getitem, op_name, user_input_nodes
 from openvino_backend.lowering.edge_layout import DimOrder
 from openvino_backend.lowering.partition_model import ConvertedPartition, compile_key, convert_partition
+from openvino_backend.lowering.validate import find_passthroughs
 from openvino_backend.ops import is_quantize
 from openvino_backend.partition.conversion import converted
 from openvino_backend.partition.quantized import compressed_matmuls, dynamic_judges, quantizes, step_judges
@@ -54,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 # An f32 result further than this (relative to its magnitude) from PyTorch's is wrong, not rounded.
 F32_ERROR = 1e-3
+# A partition reading more weights than this is checked a stretch at a time (``NumericalCheck.stretches``).
+STRETCH_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,17 @@ class NumericalCheck:
     def __call__(self, part: PartitionView) -> Iterator[Rejection]:
         nodes = part.ordered()
         try:
-            mismatch = self.run(nodes, lambda: converted(part))
+            stretches = self.stretches(nodes)
+            if len(stretches) == 1:
+                mismatch = self.run(nodes, lambda: converted(part))
+            else:
+                logger.info("numerical check: a partition of %d nodes, in %d stretches", len(nodes), len(stretches))
+                mismatch = None
+                edge = (frozenset(part.inputs()), frozenset(part.outputs()))
+                for stretch in stretches:
+                    if (mismatch := self.run(stretch, edge=edge)) is not None:
+                        nodes = stretch  # narrowed within the stretch that disagrees
+                        break
             if mismatch is None:
                 return
             culprit, mismatch = self.narrow(nodes, mismatch)
@@ -110,6 +127,34 @@ class NumericalCheck:
         self.narrowed.append((op_name(culprit), mismatch.detail))
         yield culprit, reason
 
+    def stretches(self, nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
+        """``nodes`` in consecutive stretches, each reading at most ``STRETCH_BYTES`` of weights (or
+        one unit that reads more): what the check converts, compiles and runs at a time. A model's
+        partition is checked a few layers at a time, at the memory a few layers cost; each stretch
+        is fed PyTorch's values and every value it passes on is compared. A stretch ends, in the
+        second half of what fits, where the fewest values cross: between a model's layers, not
+        inside an attention."""
+        units = _units(nodes)
+        reads = [{n for node in unit for n in node.all_input_nodes if n in self._constants} for unit in units]
+        crossing = _crossing(units)
+        stretches: list[list[torch.fx.Node]] = []
+        start = 0
+        while start < len(units):
+            seen: set[torch.fx.Node] = set()
+            size, end = 0, start
+            while end < len(units):
+                added = sum(_nbytes(self.values.get(n)) for n in reads[end] - seen)
+                if end > start and size + added > STRETCH_BYTES:
+                    break
+                seen |= reads[end]
+                size += added
+                end += 1
+            if end < len(units):
+                end = min(range(max(start + 1, (start + end + 1) // 2), end + 1), key=lambda k: (crossing[k], -k))
+            stretches.append([node for unit in units[start:end] for node in unit])
+            start = end
+        return stretches
+
     def narrow(self, nodes: list[torch.fx.Node], mismatch: Mismatch) -> tuple[torch.fx.Node, Mismatch]:
         """The node whose addition to a prefix of ``nodes`` makes OpenVINO wrong (bisection)."""
         units = _units(nodes)
@@ -124,18 +169,37 @@ class NumericalCheck:
         return units[bad - 1][0], mismatch
 
     def run(
-        self, nodes: list[torch.fx.Node], convert: Callable[[], ConvertedPartition] | None = None
+        self,
+        nodes: list[torch.fx.Node],
+        convert: Callable[[], ConvertedPartition] | None = None,
+        *,
+        edge: tuple[frozenset[torch.fx.Node], frozenset[torch.fx.Node]] | None = None,
     ) -> Mismatch | None:
-        """Run ``nodes`` as one partition in OpenVINO; the first output PyTorch disagrees with."""
+        """Run ``nodes`` as one partition in OpenVINO; the first output PyTorch disagrees with.
+
+        ``edge``: the inputs and outputs of the partition ``nodes`` are a stretch of. An output
+        of the stretch that OpenVINO feeds straight from an input is judged only where both are
+        on that edge: elsewhere no runtime binds them (a copy at the start of a stretch)."""
         try:
             partition = convert() if convert is not None else convert_partition(self.program, nodes)
-        except OpenvinoExportError:
+        except OpenvinoExportError as error:
+            logger.debug("numerical check: %d nodes do not convert (%s)", len(nodes), error.why)
             return None  # the conversion check and preprocess explain what does not convert
         inputs, outputs = partition.inputs, partition.outputs
-        if not all(_checkable(self.values.get(node)) for node in inputs) or not all(
-            _checkable(self.values.get(node), scalar=False) for node in outputs
-        ):
+        unbindable = [n.name for n in inputs if not _checkable(self.values.get(n))]
+        unbindable += [n.name for n in outputs if not _checkable(self.values.get(n), scalar=False)]
+        if unbindable:
+            logger.debug("numerical check: %d nodes not run, no value to bind for %s", len(nodes), unbindable[:3])
             return None
+        if edge is not None:
+            uncut = [
+                p.output
+                for p in find_passthroughs(partition.model)
+                if not (inputs[p.parameter] in edge[0] and outputs[p.output] in edge[1])
+            ]
+            if uncut:
+                partition = _without_outputs(partition, uncut)
+                outputs = partition.outputs
         feeds = [as_bound(self.values[n], order) for n, order in zip(inputs, partition.input_orders, strict=True)]
         expected = [self.values[node] for node in outputs]
         orders = partition.output_orders
@@ -231,6 +295,46 @@ def _describe(got: torch.Tensor, want: torch.Tensor, tolerance: Tolerance, preci
         f"max error {float(diff.max()):.3g} (element {where}: {got.flatten()[where].item()!r} where PyTorch gives "
         f"{want.flatten()[where].item()!r}), allowed {tolerance.atol:.3g} + {tolerance.rtol:.3g}*|value| in {precision}"
     )
+
+
+def _nbytes(value: object) -> int:
+    return value.nbytes if isinstance(value, torch.Tensor) else 0
+
+
+def _without_outputs(partition: ConvertedPartition, indices: Sequence[int]) -> ConvertedPartition:
+    """``partition`` without the Results at ``indices``; its model is changed in place (a stretch's,
+    converted for this run alone)."""
+    results = partition.model.get_results()
+    for index in indices:
+        partition.model.remove_result(results[index])
+    kept = [i for i in range(len(partition.outputs)) if i not in set(indices)]
+    return replace(
+        partition,
+        outputs=tuple(partition.outputs[i] for i in kept),
+        output_orders=tuple(partition.output_orders[i] for i in kept),
+    )
+
+
+def _crossing(units: list[list[torch.fx.Node]]) -> list[int]:
+    """For each unit, how many values made by the units before it are read by it or after it:
+    what a stretch ending before it would hand on."""
+    made = {node: k for k, unit in enumerate(units) for node in unit}
+    last = {}
+    for k, unit in enumerate(units):
+        for node in unit:
+            for source in node.all_input_nodes:
+                if source in made and made[source] < k:
+                    last[source] = k
+    starts, ends = [0] * (len(units) + 1), [0] * (len(units) + 1)
+    for source, k in last.items():
+        starts[made[source] + 1] += 1
+        ends[k] += 1  # read by unit k: crosses every cut up to and before unit k
+    crossing, live = [], 0
+    for k in range(len(units) + 1):
+        live += starts[k]
+        crossing.append(live)
+        live -= ends[k]
+    return crossing
 
 
 def _units(nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
