@@ -143,6 +143,38 @@ def test_a_partition_reading_more_weights_than_a_stretch_is_checked_a_stretch_at
     assert sum(len(run) for run in runs) == partitioner.report.delegated_nodes
 
 
+class TiedTable(Layers):
+    """An int8 table dequantized once, read by the lookup at the start and the projection at the end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randint(-127, 128, (512, 128), dtype=torch.int8))
+        self.register_buffer("scale", torch.rand(512, 1) / 100)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        table = self.table.float() * self.scale
+        return super().forward(table[ids]) @ table.T
+
+
+def test_what_the_weights_alone_give_is_computed_in_each_stretch_not_handed_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(numerical, "STRETCH_BYTES", 100 << 10)
+    inputs: list[tuple[torch.Size, ...]] = []
+    convert = numerical.convert_partition
+
+    def recorded(program: object, nodes: list[torch.fx.Node]) -> object:
+        result = convert(program, nodes)
+        inputs.append(tuple(node.meta["val"].shape for node in result.inputs))
+        return result
+
+    monkeypatch.setattr(numerical, "convert_partition", recorded)
+    partitioner = OpenvinoPartitioner()
+    execute_layer_test(TiedTable(), (torch.tensor([[1, 7, 300]]),), partitioner=partitioner)
+    assert len(inputs) > 1, "checked in one run"
+    assert not [shapes for shapes in inputs if torch.Size([512, 128]) in shapes], inputs
+
+
 class CopyThenLayers(Layers):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = x.clone()

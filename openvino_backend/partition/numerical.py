@@ -101,7 +101,7 @@ class NumericalCheck:
         nodes = part.ordered()
         try:
             stretches = self.stretches(nodes)
-            if len(stretches) == 1:
+            if len(stretches) <= 1:
                 mismatch = self.run(nodes, lambda: converted(part))
             else:
                 logger.info("numerical check: a partition of %d nodes, in %d stretches", len(nodes), len(stretches))
@@ -133,9 +133,16 @@ class NumericalCheck:
         partition is checked a few layers at a time, at the memory a few layers cost; each stretch
         is fed PyTorch's values and every value it passes on is compared. A stretch ends, in the
         second half of what fits, where the fewest values cross: between a model's layers, not
-        inside an attention."""
-        units = _units(nodes)
-        reads = [{n for node in unit for n in node.all_input_nodes if n in self._constants} for unit in units]
+        inside an attention. What the weights alone give (a weight dequantized, transposed) never
+        crosses: each stretch reading it computes it, as OpenVINO folds it (a tied embedding's
+        table is the first stretch's and the last's)."""
+        folded, within = self.values.from_weights, set(nodes)
+        units = [  # a unit the weights alone compute and the partition alone reads goes with its readers
+            unit
+            for unit in _units(nodes)
+            if not all(node in folded and all(user in within for user in node.users) for node in unit)
+        ]
+        reads = [_weights_read(unit, folded, within) for unit in units]
         crossing = _crossing(units)
         stretches: list[list[torch.fx.Node]] = []
         start = 0
@@ -143,7 +150,7 @@ class NumericalCheck:
             seen: set[torch.fx.Node] = set()
             size, end = 0, start
             while end < len(units):
-                added = sum(_nbytes(self.values.get(n)) for n in reads[end] - seen)
+                added = sum(_nbytes(self.values.get(n)) for n in reads[end] - seen if n.op == "placeholder")
                 if end > start and size + added > STRETCH_BYTES:
                     break
                 seen |= reads[end]
@@ -151,7 +158,9 @@ class NumericalCheck:
                 end += 1
             if end < len(units):
                 end = min(range(max(start + 1, (start + end + 1) // 2), end + 1), key=lambda k: (crossing[k], -k))
-            stretches.append([node for unit in units[start:end] for node in unit])
+            stretch = {node for unit in units[start:end] for node in unit}
+            stretch |= {n for k in range(start, end) for n in reads[k] if n in within}
+            stretches.append([node for node in nodes if node in stretch])
             start = end
         return stretches
 
@@ -313,6 +322,21 @@ def _without_outputs(partition: ConvertedPartition, indices: Sequence[int]) -> C
         outputs=tuple(partition.outputs[i] for i in kept),
         output_orders=tuple(partition.output_orders[i] for i in kept),
     )
+
+
+def _weights_read(
+    unit: list[torch.fx.Node], folded: set[torch.fx.Node], within: set[torch.fx.Node]
+) -> set[torch.fx.Node]:
+    """What ``unit`` reads of the weights, with what computes it from them ``within`` the partition."""
+    read: set[torch.fx.Node] = set()
+    pending = [n for node in unit for n in node.all_input_nodes if n in folded]
+    while pending:
+        node = pending.pop()
+        if node not in read:
+            read.add(node)
+            if node in within:
+                pending += [n for n in node.all_input_nodes if n in folded]
+    return read
 
 
 def _crossing(units: list[list[torch.fx.Node]]) -> list[int]:

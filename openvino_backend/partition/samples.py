@@ -49,6 +49,8 @@ class SampleValues(Mapping[torch.fx.Node, object]):
 
     def __init__(self) -> None:
         self._values: dict[torch.fx.Node, object] = {}
+        # The nodes computed from the weights alone (the weights among them): OpenVINO folds them.
+        self.from_weights: set[torch.fx.Node] = set()
 
     def record(self, node: torch.fx.Node, value: object, *, recomputable: bool, from_weights: bool = False) -> None:
         """``value``, computed for ``node``; ``recomputable``: computing ``node`` again from the
@@ -61,6 +63,8 @@ class SampleValues(Mapping[torch.fx.Node, object]):
             and value.nbytes >= (RECOMPUTED_WEIGHT_BYTES if from_weights else RECOMPUTED_BYTES)
         )
         self._values[node] = self._RECOMPUTED if recomputed else value
+        if from_weights:
+            self.from_weights.add(node)
 
     def __getitem__(self, node: torch.fx.Node) -> object:
         value = self._values[node]
