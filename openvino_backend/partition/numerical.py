@@ -15,7 +15,8 @@ hands on, to the next stretch or out of the partition, is compared.
 
 A disagreement beyond what the device's precision allows is confirmed with
 OpenVINO forced to f32, where anything above 1e-3 is a real error and not
-rounding; a confirmed one is narrowed to the node whose addition makes a
+rounding (in a reduced precision, every run is: a wrong result can hide within
+its rounding); a confirmed one is narrowed to the node whose addition makes a
 prefix of the partition wrong, and that node stays on the CPU.
 """
 
