@@ -66,6 +66,10 @@ class SampleValues(Mapping[torch.fx.Node, object]):
         if from_weights:
             self.from_weights.add(node)
 
+    def recomputes(self, node: torch.fx.Node) -> bool:
+        """True when ``node``'s value is computed again each time it is asked for."""
+        return self._values.get(node) is self._RECOMPUTED
+
     def __getitem__(self, node: torch.fx.Node) -> object:
         value = self._values[node]
         return value if value is not self._RECOMPUTED else self._recompute(node, {})
@@ -104,6 +108,8 @@ _VIEWS = {
     "aten.expand_copy.default": lambda x, size, implicit=False: x.expand(size),
     "aten.view_copy.default": torch.reshape,
 }
+
+_LATER = object()  # in the propagation's environment, for a value computed again for each reader
 
 # Integer inputs no index op reads are drawn from [-INT_RANGE, INT_RANGE).
 INT_RANGE = 8
@@ -168,6 +174,10 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
             raise ValueError(f"no value for input {spec.arg.name} ({spec.kind.name})")
 
     class Recorder(torch.fx.Interpreter):
+        """Records every value; one computed again when asked for is computed again for each
+        reader here too, not kept until its last (a tied embedding's table, read by the first
+        layer and the last)."""
+
         def run_node(self, node: torch.fx.Node) -> object:
             result = super().run_node(node)
             unchanged = node not in written and not any(n in written for n in node.all_input_nodes)
@@ -177,7 +187,14 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
             values.record(
                 node, result, recomputable=from_weights or (unchanged and _cheap(node)), from_weights=from_weights
             )
-            return result
+            return _LATER if values.recomputes(node) else result
+
+        def map_nodes_to_values(self, args: object, n: torch.fx.Node) -> object:
+            def load(arg: torch.fx.Node) -> object:
+                value = self.env[arg]
+                return values[arg] if value is _LATER else value
+
+            return torch.fx.node.map_arg(args, load)
 
     with torch.no_grad():
         Recorder(program.graph_module).run(*flat, enable_io_processing=False)
