@@ -134,6 +134,23 @@ def test_a_stateful_partition_s_conversion_is_let_go_when_partitioning_ends(monk
     assert not alive, "the checks' conversion of a partition with state outlived partitioning"
 
 
+def test_a_variable_starts_from_its_buffer_s_own_memory() -> None:
+    # An LLM's caches are hundreds of MB: their initial value is the buffer the program keeps, not a copy.
+    import openvino as ov
+    import openvino.opset13 as opset
+
+    from openvino_backend.lowering.state import StateBuffer, make_stateful
+
+    cache = torch.zeros(1, 2, 64, 8)
+    parameter = opset.parameter([1, 2, 64, 8], ov.Type.f32)
+    model = ov.Model([opset.result(opset.add(parameter, opset.constant(1.0, ov.Type.f32)))], [parameter])
+    make_stateful(model, [StateBuffer("cache", "cache", "new_cache", cache)])
+    (read,) = (op for op in model.get_ordered_ops() if op.get_type_name() == "ReadValue")
+    initial = read.input_value(0).get_node()
+    assert initial.get_type_name() == "Constant"
+    assert initial.get_data().ctypes.data == cache.data_ptr()
+
+
 class Calls(torch.nn.Module):
     """Counts its calls in a 0-d buffer and scales its input by the count."""
 

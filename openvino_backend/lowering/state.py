@@ -104,7 +104,8 @@ def make_stateful(model: ov.Model, states: list[StateBuffer], name: str = "openv
         info.data_type = pt_to_ov_type_map[str(state.initial.dtype)]
         info.data_shape = parameter.get_partial_shape()
         variable = util.Variable(info)
-        initial = opset.constant(state.initial.detach().contiguous().numpy())
+        # The buffer's own memory (an LLM's caches are hundreds of MB): the program keeps it.
+        initial = opset.constant(state.initial.detach().contiguous().numpy(), shared_memory=True)
         current = opset.read_value(initial, variable)
         for reader in list(parameter.output(0).get_target_inputs()):
             reader.replace_source_output(current.output(0))
