@@ -437,27 +437,41 @@ def test_a_value_read_twice_on_the_way_is_computed_once() -> None:
     torch.testing.assert_close(value, Residuals()(x))
 
 
-def test_a_table_read_by_the_first_layer_and_the_last_is_not_held_in_between() -> None:
-    """Computing the sample values, a tied embedding's dequantized table is computed again for the
-    projection at the end, not kept from the lookup at the start."""
-    first: list[weakref.ref] = []
-    alive_in_between: list[bool] = []
+def test_computing_a_value_again_lets_each_step_go_once_read() -> None:
+    """Asked for a weight dequantized in three steps (cast, zero point, scale), the cast is let go
+    once the zero point is taken off: the steps of a large weight are never all held at once."""
+
+    class ZeroPoint(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("weight", torch.randint(0, 255, (512, 128), dtype=torch.uint8))
+            self.register_buffer("zero", torch.full((512, 1), 128.0))
+            self.register_buffer("scale", torch.rand(512, 1) / 100)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(x, (self.weight.float() - self.zero) * self.scale)
+
+    x = torch.randn(2, 128)
+    program = to_edge(torch.export.export(ZeroPoint(), (x,))).exported_program()
+    values = sample_values(program, (x,))
+    assert values is not None
+    (scaled,) = (node for node in values if node.op == "call_function" and "mul" in node.name)
+    cast: list[weakref.ref] = []
+    cast_alive_at_the_scale: list[bool] = []
 
     class Watch(torch.utils._python_dispatch.TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.mul.Tensor and cast:
+                cast_alive_at_the_scale.append(cast[0]() is not None)
             out = func(*args, **(kwargs or {}))
-            if func is torch.ops.aten.mul.Tensor and tuple(out.shape) == (512, 128) and not first:
-                first.append(weakref.ref(out))
-            if func is torch.ops.aten.tanh.default and first:  # the layers in between
-                alive_in_between.append(first[0]() is not None)
+            if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.shape == (512, 128) and not cast:
+                cast.append(weakref.ref(out))
             return out
 
-    ids = torch.tensor([[1, 7, 300]])
-    program = to_edge(torch.export.export(TiedTable(), (ids,))).exported_program()
     with Watch():
-        values = sample_values(program, (ids,))
-    assert values is not None and first and alive_in_between
-    assert not any(alive_in_between), "the table computed at the start was held through the layers"
+        value = values[scaled]
+    assert cast_alive_at_the_scale == [False]
+    torch.testing.assert_close(value, (program.state_dict["weight"].float() - 128.0) * program.state_dict["scale"])
 
 
 def test_a_weight_written_in_place_is_not_recomputed() -> None:

@@ -8,6 +8,7 @@ The user's sample inputs when given; otherwise draws shaped by each input's
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -72,28 +73,49 @@ class SampleValues(Mapping[torch.fx.Node, object]):
 
     def __getitem__(self, node: torch.fx.Node) -> object:
         value = self._values[node]
-        return value if value is not self._RECOMPUTED else self._recompute(node, {})
+        return value if value is not self._RECOMPUTED else self._recompute(node)
 
-    def _recompute(self, node: torch.fx.Node, done: dict[torch.fx.Node, object]) -> object:
-        """``node``'s value computed again; ``done``: what this request has computed again so far
-        (a value read twice on the way is computed once)."""
-        if node in done:
-            return done[node]
+    def _recompute(self, node: torch.fx.Node) -> object:
+        """``node``'s value computed again, with the values it reads that are computed again too:
+        each once (a value read twice on the way is computed once), and each let go once its last
+        reader here has it (a dequantized weight's steps are not all held at once)."""
+        order: list[torch.fx.Node] = []  # what is computed again, each after what it reads
+        finished: set[torch.fx.Node] = set()
+        opened: set[torch.fx.Node] = set()
+        stack = [node]
+        while stack:
+            current = stack[-1]
+            if current in finished:
+                stack.pop()
+            elif current in opened:  # what it reads is computed: it can be
+                finished.add(current)
+                order.append(current)
+                stack.pop()
+            else:
+                opened.add(current)
+                stack += [a for a in current.all_input_nodes if self.recomputes(a) and a not in finished]
+        readers = Counter(a for current in order for a in current.all_input_nodes if self.recomputes(a))
+        done: dict[torch.fx.Node, object] = {}
+        for current in order:
+            done[current] = self._compute(current, done)
+            for arg in current.all_input_nodes:
+                if arg in done and arg is not current:
+                    readers[arg] -= 1
+                    if readers[arg] == 0:
+                        del done[arg]
+        return done[node]
 
-        def value(arg: torch.fx.Node) -> object:
-            held = self._values[arg]
-            return held if held is not self._RECOMPUTED else self._recompute(arg, done)
-
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
+    def _compute(self, node: torch.fx.Node, done: Mapping[torch.fx.Node, object]) -> object:
+        args, kwargs = torch.fx.node.map_arg(
+            (node.args, node.kwargs), lambda arg: done[arg] if arg in done else self._values[arg]
+        )
         with torch.no_grad():
             # A layout copy computed again is its view: the same values, without a second weight-sized
             # tensor (a linear's weight reaches its matmul through a permute_copy).
             view = _VIEWS.get(op_name(node))
             if view is not None and not kwargs and isinstance(args[0], torch.Tensor):
-                done[node] = view(*args)
-            else:
-                done[node] = node.target(*args, **kwargs)
-        return done[node]
+                return view(*args)
+            return node.target(*args, **kwargs)
 
     def __iter__(self) -> Iterator[torch.fx.Node]:
         return iter(self._values)
@@ -108,8 +130,6 @@ _VIEWS = {
     "aten.expand_copy.default": lambda x, size, implicit=False: x.expand(size),
     "aten.view_copy.default": torch.reshape,
 }
-
-_LATER = object()  # in the propagation's environment, for a value computed again for each reader
 
 # Integer inputs no index op reads are drawn from [-INT_RANGE, INT_RANGE).
 INT_RANGE = 8
@@ -174,10 +194,6 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
             raise ValueError(f"no value for input {spec.arg.name} ({spec.kind.name})")
 
     class Recorder(torch.fx.Interpreter):
-        """Records every value; one computed again when asked for is computed again for each
-        reader here too, not kept until its last (a tied embedding's table, read by the first
-        layer and the last)."""
-
         def run_node(self, node: torch.fx.Node) -> object:
             result = super().run_node(node)
             unchanged = node not in written and not any(n in written for n in node.all_input_nodes)
@@ -187,14 +203,7 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
             values.record(
                 node, result, recomputable=from_weights or (unchanged and _cheap(node)), from_weights=from_weights
             )
-            return _LATER if values.recomputes(node) else result
-
-        def map_nodes_to_values(self, args: object, n: torch.fx.Node) -> object:
-            def load(arg: torch.fx.Node) -> object:
-                value = self.env[arg]
-                return values[arg] if value is _LATER else value
-
-            return torch.fx.node.map_arg(args, load)
+            return result
 
     with torch.no_grad():
         Recorder(program.graph_module).run(*flat, enable_io_processing=False)
