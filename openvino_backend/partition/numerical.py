@@ -254,7 +254,7 @@ class NumericalCheck:
         if overwritten:
             return Mismatch(outputs[0], "running it overwrote one of its inputs")
         tolerances = [
-            _tolerance(want, self.device, self.precision, confirm=confirm, ops=2 * depths.get(node, 1))
+            _tolerance(want, self.device, "f32", confirm=confirm, ops=2 * depths.get(node, 1))
             for node, want in zip(outputs, expected, strict=True)
         ]
         pairs = enumerate(zip(actual, expected, strict=True))
