@@ -22,8 +22,9 @@ HANDOVER_KEY = "openvino_backend.handover"
 # And the OpenVINO version that compiled the partition: its blob imports into that version only.
 VERSION_KEY = "openvino_backend.openvino_version"
 DEVICE_KEY = "device"
-# The precision the target CPU will compute f32 partitions in (f32, bf16, f16): what the numerical
-# check compiles for and judges by. Not a property of the blob: the runtime imports it with none.
+# The precision the target CPU will compute f32 partitions in (f32, bf16, f16): what the report,
+# `verify` and the warnings speak of (the numerical check judges in f32 whatever it is). Not a
+# property of the blob: the runtime imports it with none.
 PRECISION_KEY = "inference_precision"
 
 
