@@ -82,7 +82,8 @@ class NumericalCheck:
         self.program = program
         self.values = values
         self.device = device
-        # The precision the target computes in: compiled for and judged by, whatever this machine's default.
+        # The precision the target computes in (named in reasons); the check compiles with the runtime's
+        # properties where that is f32, and forced to f32 where it is reduced: f32 judges either way.
         self.precision = precision_name(inference_precision(device, precision))
         self._computes_in = self.precision if self.precision in supported_precisions(device) else "f32"
         default = precision_name(default_precision(device))
