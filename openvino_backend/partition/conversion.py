@@ -87,12 +87,12 @@ def _unpadded(node: torch.fx.Node) -> torch.fx.Node:
     return node.args[0] if is_bound_pad(node) else node
 
 
-def offer_conversion(part: PartitionView, *, holds_state: bool = False) -> str | None:
+def offer_conversion(part: PartitionView) -> str | None:
     """Hand this final partition's conversion to preprocess (``lowering/handover.py``); its handle,
     or None when the checks did not convert it. A partition that holds state is converted again by
     preprocess, with its buffers as variables: its conversion, weights and compiled form and all,
     is let go here rather than kept until then."""
-    if holds_state:
+    if part.held_state:
         part.memo.pop("converted", None)
         return None
     result = part.memo.get("converted")

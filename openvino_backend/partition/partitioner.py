@@ -25,7 +25,7 @@ from openvino_backend.ops import openvino_supported_ops, ops_to_keep_whole
 from openvino_backend.partition.conversion import keep_converted_passthroughs_out, offer_conversion
 from openvino_backend.partition.cpu_kernels import ensure_cpu_runnable
 from openvino_backend.partition.edge_rules import DEFAULT_RULES
-from openvino_backend.partition.mutable_buffers import held_buffers, take_over_mutable_buffers
+from openvino_backend.partition.mutable_buffers import take_over_mutable_buffers
 from openvino_backend.partition.numerical import NumericalCheck
 from openvino_backend.partition.propose import Proposal, propose
 from openvino_backend.partition.report import PartitionReport, report
@@ -220,8 +220,7 @@ class OpenvinoPartitioner(Partitioner):
                 CompileSpec(PARTITION_KEY, str(index).encode()),
                 CompileSpec(VERSION_KEY, openvino_version().encode()),
             ]
-            holds_state = self.take_over_mutable_buffers and bool(held_buffers(program, partition.nodes))
-            if (handle := offer_conversion(view, holds_state=holds_state)) is not None:
+            if (handle := offer_conversion(view)) is not None:
                 spec.append(CompileSpec(HANDOVER_KEY, handle.encode()))
             partition_tags[tag] = DelegationSpec(OpenvinoBackend.__name__, spec)
         tag_constant_data(program)
