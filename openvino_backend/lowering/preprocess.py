@@ -105,9 +105,6 @@ class OpenvinoBackend(BackendDetails):
             compiled = compile_model(model, options, graph_module)
         with stage("validate_compiled"):
             validate_compiled(compiled, graph_module, partition=options.partition)
-        # The compiled model holds what it runs: the converted one, weights and all, goes before the
-        # blob is written beside them.
-        del model, handed
         return PreprocessResult(processed_bytes=compiled.export_model().getvalue())
 
 
