@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from openvino_backend.llm.export import CompressionError, export_decoder, export_graph, lower_graph
+from openvino_backend.llm import export as export_module
+from openvino_backend.llm.export import CompressionError, example_inputs, export_decoder, export_graph, lower_graph
 from openvino_backend.llm.generate import Generator
-from openvino_backend.llm.models import Decoder, ModelSourceError, load_decoder
+from openvino_backend.llm.models import Decoder, ModelSourceError, UnsupportedDecoderError, load_decoder
+from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.runtime import Tolerance
 from openvino_backend.tools.cli import main
 from openvino_backend.tools.results import EXIT_OK, EXIT_USAGE
@@ -218,6 +220,21 @@ def test_symmetric_8_bit_weights_have_no_zero_point_and_the_program_follows_them
     with torch.no_grad():
         want = graph.module()(tokens, torch.tensor([0]))[-1]
     assert float(torch.nn.functional.cosine_similarity(got(tokens[0].tolist()), want, dim=0)) >= 0.999
+
+
+def test_an_op_outside_executorch_s_ir_left_to_its_kernels_is_still_refused(
+    wide_llama: Decoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lowering runs without ExecuTorch's IR check; ``check_ir`` runs it on what OpenVINO did not
+    take. NNCF's 4-bit unpacking shift is no core ATen op: kept out of OpenVINO and off the exception
+    list, the program is refused by name, not written for kernels that do not exist."""
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    graph = export_graph(wide_llama, weights="int4")
+    monkeypatch.setattr(export_module, "_UNPACKING_OPS", [])
+    shift = "aten.bitwise_right_shift.Tensor_Scalar"
+    partitioner = OpenvinoPartitioner(sample_inputs=example_inputs(wide_llama), op_types_to_skip={shift})
+    with pytest.raises(UnsupportedDecoderError, match=r"ExecuTorch's IR refuses it.*bitwise_right_shift"):
+        lower_graph(graph, wide_llama, partitioner=partitioner)
 
 
 def test_compression_is_refused_by_name_when_asked_wrongly(wide_llama: Decoder) -> None:
