@@ -284,3 +284,33 @@ print((libc.mallinfo2().hblkhd - before) >> 20)
         for mode in ("default", "returned")
     }
     assert mapped == {"default": 0, "returned": 2}, mapped
+
+
+@pytest.mark.skipif(
+    "[never]"
+    in (Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text() if sys.platform == "linux" else "[never]"),
+    reason="the kernel gives no transparent huge pages here",
+)
+def test_the_command_line_s_large_tensors_sit_on_huge_pages() -> None:
+    """``python -m openvino_backend`` has PyTorch ask for transparent huge pages for large tensors: a
+    64 MB tensor then sits (at least half of it) on huge pages, where the kernel's usual setting
+    (``madvise``) gives it none by default."""
+    script = """
+import re, sys
+if sys.argv[1] == "cli":
+    from openvino_backend.__main__ import settings
+    settings()
+import torch
+block = torch.ones(16 << 20)  # 64 MB, touched
+rollup = open("/proc/self/smaps_rollup").read()
+print(int(re.search(r"AnonHugePages:\\s+(\\d+) kB", rollup).group(1)) >> 10)
+"""
+    huge = {
+        mode: int(
+            subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True).stdout
+        )
+        for mode in ("default", "cli")
+    }
+    assert huge["cli"] >= 32, huge
+    if "[madvise]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
+        assert huge["default"] < 32, huge
