@@ -127,3 +127,20 @@ def test_methods_with_the_same_graph_keep_their_own_weights(monkeypatch: pytest.
         torch.testing.assert_close(got, want, atol=0.03, rtol=0.02, msg=f"method {name}")
     taken = [result is not None for result in handed]
     assert taken == ([True, True] if states == "own" else [False, False]), taken
+
+
+def test_preprocess_gets_the_partition_s_graph_copied_and_its_weights_shared() -> None:
+    """ExecuTorch copies each partition's program before preprocess and holds every copy until all are
+    lowered: the graph must be a copy (preprocess's passes change it), the weights the same tensors
+    (a deep copy was a second copy of every weight of an LLM)."""
+    exported = torch.export.export(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()), (torch.ones(2, 64),))
+    copied = preprocess.OpenvinoBackend.copy_exported_program_for_preprocess(exported, [])
+    assert copied.state_dict.keys() == exported.state_dict.keys()
+    for name, weight in exported.state_dict.items():
+        assert copied.state_dict[name] is weight, name
+    assert copied.graph_module is not exported.graph_module and copied.graph is not exported.graph
+    nodes = len(exported.graph.nodes)
+    relu = next(n for n in copied.graph.nodes if n.target == torch.ops.aten.relu.default)
+    relu.replace_all_uses_with(relu.args[0])
+    copied.graph.erase_node(relu)
+    assert len(exported.graph.nodes) == nodes and len(copied.graph.nodes) == nodes - 1

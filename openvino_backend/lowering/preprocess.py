@@ -19,6 +19,7 @@ runtime finds its C++ half by that name.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import final
 
@@ -54,6 +55,23 @@ logger = logging.getLogger(__name__)
 
 @final
 class OpenvinoBackend(BackendDetails):
+    @classmethod
+    def copy_exported_program_for_preprocess(
+        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]
+    ) -> ExportedProgram:
+        """The partition's program for ``preprocess``: its graph copied (the passes change it), its
+        weights shared (nothing here writes one). ExecuTorch's default, a deep copy of each partition
+        held until every partition is lowered, copied every weight once more: 1.9 GB for a 3 B int4
+        decoder."""
+        owned = (
+            *edge_program.state_dict.values(),
+            *edge_program.constants.values(),
+            *edge_program.graph_module.parameters(),
+            *edge_program.graph_module.buffers(),
+        )
+        memo: dict[int, object] = {id(t): t for t in owned if isinstance(t, torch.Tensor)}
+        return copy.deepcopy(edge_program, memo)
+
     @classmethod
     @timed("preprocess")
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
