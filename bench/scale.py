@@ -10,10 +10,13 @@ kept in ``~/.cache/openvino_backend/scale``. Then, each in a process of its own:
 * a fresh interpreter loads the program from its file through ``executorch.runtime``, feeds it a
   prompt, then eager's own greedy tokens one call each: every logits vector must be within the
   target precision's tolerance of eager's (``follow``); ``TextLLMRunner`` must generate from the
-  file the tokens the package's own generator picks.
+  file the tokens the package's own generator picks;
+* the anchors' worker (``bench/anchor_worker.py``) times prefill and decode of the program and of
+  OpenVINO GenAI's ``LLMPipeline`` on optimum-cli's IR (same weights scheme), each in a fresh process.
 
 The table: checkpoint GB, export peak GB and seconds (ours, optimum-cli's), program size and layout,
-what the process holds after the program's first call, the worst logits error, the runner's verdict.
+what the process holds after the program's first call, the worst logits error, the runner's verdict,
+prefill and decode ms and the run's peak RSS, ours against GenAI's.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 import sys
 from pathlib import Path
 
+from bench.anchors import PROMPT_TOKENS, measure
 from bench.harness import run_measured
 
 ROOT = Path.home() / ".cache" / "openvino_backend" / "scale"
@@ -55,6 +59,8 @@ def checkpoint(name: str, root: Path = ROOT) -> Path:
 
     out = root / name
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        if not (out / "tokenizer_config.json").is_file():  # written before it had one: GenAI cannot read it
+            write_tokenizer(out, vocab_size=json.loads((out / "config.json").read_text())["vocab_size"])
         return out
     config = LlamaConfig(**SHAPES[name], max_position_embeddings=4096, bos_token_id=1, eos_token_id=2)
     with torch.device("meta"):
@@ -82,10 +88,14 @@ def _gigabytes(path: Path) -> float:
 def write_tokenizer(directory: Path, *, vocab_size: int) -> None:
     """``directory/tokenizer.json`` for ``TextLLMRunner``: a byte-level BPE whose every token is ASCII
     (each token's text stands on its own, as the runner hands it to its callback), trained on a
-    sentence, padded with added tokens up to ``vocab_size`` (every id the model emits has a text)."""
+    sentence, padded with added tokens up to ``vocab_size`` (every id the model emits has a text).
+    For OpenVINO's tokenizer (``openvino_tokenizers``, which optimum-cli converts and GenAI runs):
+    an unknown token, and ``tokenizer_config.json`` naming the plain fast tokenizer (``transformers``
+    would otherwise take the Llama config's own tokenizer class); without them it fails on any text
+    (``_Map_base::at``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    tokenizer = Tokenizer(models.BPE())
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c.isascii() and c.isprintable()] + ["Ġ"]
@@ -97,6 +107,9 @@ def write_tokenizer(directory: Path, *, vocab_size: int) -> None:
     tokenizer.add_tokens([f"<t{i}>" for i in range(tokenizer.get_vocab_size(), vocab_size)])
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
+    names = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **names}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def export(directory: Path, weights: str, out: Path) -> dict[str, object]:
@@ -187,13 +200,12 @@ def bench_scale(names: list[str], weights: str) -> list[tuple]:
     for name in names:
         directory = checkpoint(name)
         program = ROOT / f"{name}-{weights}.pte"
-        exported = export(directory, weights, program) | export_optimum(
-            directory, weights, ROOT / f"{name}-{weights}-ov"
-        )
+        intermediate = ROOT / f"{name}-{weights}-ov"
+        exported = export(directory, weights, program) | export_optimum(directory, weights, intermediate)
         if "error" in exported:
             gb = f"{exported['export_gb']:.2f}"
-            rows.append((name, weights, f"{_gigabytes(directory):.2f}", gb, exported["optimum"], "-", "-", "-"))
-            rows.append(("", "", "", str(exported["error"])[:200], "", "", "", ""))
+            rows.append((name, weights, f"{_gigabytes(directory):.2f}", gb, exported["optimum"], *"-" * 6))
+            rows.append(("", "", "", str(exported["error"])[:200], *[""] * 7))
             continue
         check, _, _ = run_measured([sys.executable, "-m", "bench.scale", str(directory), str(program), weights])
         lines = [line for line in check.stdout.splitlines() if line.startswith("{")]
@@ -216,9 +228,25 @@ def bench_scale(names: list[str], weights: str) -> list[tuple]:
                 f"{program.stat().st_size / 2**30:.2f} GiB, {layout}",
                 "-" if verdict is None else f"{verdict['held_gb']:.2f}",
                 followed,
+                *speeds(directory, program, intermediate),
             )
         )
     return rows
+
+
+def speeds(directory: Path, program: Path, intermediate: Path) -> tuple[str, str, str]:
+    """Prefill of ``anchors.PROMPT_TOKENS`` tokens, decode (median ms a token) and the run's peak RSS of
+    the program and, after the slash, of GenAI on optimum-cli's IR; each in a fresh process."""
+    config = json.loads((directory / "config.json").read_text())
+    prompt = [3 + i % (config["vocab_size"] - 3) for i in range(PROMPT_TOKENS)]
+    answers = [measure(kind, model, prompt) for kind, model in (("ours", program), ("genai", intermediate))]
+    if any("error" in a for a in answers):
+        return ("; ".join(str(a.get("error", ""))[:120] for a in answers), "-", "-")
+    ours, genai = answers
+    return tuple(  # type: ignore[return-value]
+        f"{ours[field] / scale:.{digits}f} / {genai[field] / scale:.{digits}f}"
+        for field, scale, digits in (("prefill_ms", 1, 0), ("decode_ms", 1, 1), ("peak_mb", 1000, 2))
+    )
 
 
 HEADERS = (
@@ -230,6 +258,9 @@ HEADERS = (
     "program",
     "held after the first call GB",
     "from its file, teacher-forced",
+    f"prefill ms ({PROMPT_TOKENS} tokens), ours / GenAI's",
+    "decode ms a token, ours / GenAI's",
+    "run peak GB, ours / GenAI's",
 )
 
 
