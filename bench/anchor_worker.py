@@ -168,8 +168,7 @@ def _int64(rows: list[list[int]]) -> object:
 
 
 def _answer(prefill: float, times: list[float], chosen: list[int], base_mb: float) -> dict:
-    # What it holds first, then the peak: the peak read first could be exceeded by a page touched
-    # between the two reads (seen: 4 kB).
+    # What it holds, then the peak: read first, the peak was once 4 kB below a later read of it.
     rss = peak_mb("VmRSS")  # after every call: what the program holds once running
     return {
         "prefill_ms": prefill,

@@ -1,22 +1,14 @@
 """Decoders at the sizes people run: what the export costs, and the program from its file.
 
-``python -m bench --scale [--shapes NAME ...] [--weights f32|int8|int4]``. For each shape
-(``SHAPES``: a Llama with the real model's dimensions), a checkpoint with random weights is written
-in bf16 without ever holding an f32 copy (built on the meta device, each tensor drawn in place),
-kept in ``~/.cache/openvino_backend/scale``. Then, each in a process of its own:
-
-* ``export-llm`` writes the program as a user would, ``optimum-cli export openvino`` (the anchors'
-  environment) its IR with the same weights: the peak RSS and seconds of each process;
-* a fresh interpreter loads the program from its file through ``executorch.runtime``, feeds it a
-  prompt, then eager's own greedy tokens one call each: every logits vector must be within the
-  target precision's tolerance of eager's (``follow``); ``TextLLMRunner`` must generate from the
-  file the tokens the package's own generator picks;
-* the anchors' worker (``bench/anchor_worker.py``) times prefill and decode of the program and of
-  OpenVINO GenAI's ``LLMPipeline`` on optimum-cli's IR (same weights scheme), each in a fresh process.
-
-The table: checkpoint GB, export peak GB and seconds (ours, optimum-cli's), program size and layout,
-what the process holds after the program's first call, the worst logits error, the runner's verdict,
-prefill and decode ms and the run's peak RSS, ours against GenAI's.
+``python -m bench --scale [--shapes NAME ...] [--weights f32|int8|int4]``. For each shape (``SHAPES``:
+a Llama with the real model's dimensions), a checkpoint of random weights written in bf16 without an
+f32 copy (built on the meta device, each tensor drawn in place) under ``~/.cache/openvino_backend/scale``.
+Then, each in a process of its own: ``export-llm`` and ``optimum-cli export openvino`` (the anchors'
+environment), their peak RSS and seconds; the program from its file through ``executorch.runtime``,
+a prompt then eager's greedy tokens, each logits vector within the target precision's tolerance of
+eager's (``follow``), and ``TextLLMRunner`` generating the package's generator's tokens; prefill,
+decode and run peak of the program and of GenAI's ``LLMPipeline`` on optimum-cli's IR (the anchors'
+worker). One table row per shape.
 """
 
 from __future__ import annotations
@@ -27,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench.anchors import PROMPT_TOKENS, measure
+from bench.anchors import OPTIMUM_WEIGHTS, PROMPT_TOKENS, anchors_python, measure, prompt_ids
 from bench.harness import run_measured
 
 ROOT = Path.home() / ".cache" / "openvino_backend" / "scale"
@@ -87,28 +79,23 @@ def _gigabytes(path: Path) -> float:
 
 def write_tokenizer(directory: Path, *, vocab_size: int) -> None:
     """``directory/tokenizer.json`` for ``TextLLMRunner``: a byte-level BPE whose every token is ASCII
-    (each token's text stands on its own, as the runner hands it to its callback), trained on a
-    sentence, padded with added tokens up to ``vocab_size`` (every id the model emits has a text).
-    For OpenVINO's tokenizer (``openvino_tokenizers``, which optimum-cli converts and GenAI runs):
-    an unknown token, and ``tokenizer_config.json`` naming the plain fast tokenizer (``transformers``
-    would otherwise take the Llama config's own tokenizer class); without them it fails on any text
-    (``_Map_base::at``)."""
+    (the runner hands each token's text to its callback on its own), trained on a sentence, padded with
+    added tokens to ``vocab_size``; with an unknown token and a ``tokenizer_config.json`` naming the plain
+    fast tokenizer, without which OpenVINO's tokenizer (optimum-cli's, GenAI's) fails on any text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c.isascii() and c.isprintable()] + ["Ġ"]
-    special = ["<unk>", "<s>", "</s>"]
     trainer = trainers.BpeTrainer(
-        vocab_size=200, special_tokens=special, initial_alphabet=alphabet, limit_alphabet=len(alphabet)
+        vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=alphabet, limit_alphabet=len(alphabet)
     )
     tokenizer.train_from_iterator([TEXT] * 20, trainer)
     tokenizer.add_tokens([f"<t{i}>" for i in range(tokenizer.get_vocab_size(), vocab_size)])
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
-    names = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", **names}
+    config = dict(tokenizer_class="PreTrainedTokenizerFast", bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -125,8 +112,6 @@ def export(directory: Path, weights: str, out: Path) -> dict[str, object]:
 
 def export_optimum(directory: Path, weights: str, out: Path) -> dict[str, object]:
     """``optimum-cli export openvino`` of ``directory`` with ``weights`` into ``out``, measured."""
-    from bench.anchors import OPTIMUM_WEIGHTS, anchors_python
-
     command = [str(anchors_python().parent / "optimum-cli"), "export", "openvino", "--model", str(directory)]
     command += ["--task", "text-generation-with-past", *OPTIMUM_WEIGHTS[weights], str(out)]
     done, peak, seconds = run_measured(command)
@@ -218,31 +203,20 @@ def bench_scale(names: list[str], weights: str) -> list[tuple]:
             + ("; TextLLMRunner agrees" if verdict["runner_agrees"] else "; TextLLMRunner DIFFERS")
         )
         layout = "-" if verdict is None else ("segments" if verdict["segments"] else "inline")
-        rows.append(
-            (
-                name,
-                weights,
-                f"{_gigabytes(directory):.2f}",
-                f"{exported['export_gb']:.2f} / {exported['export_s']:.0f}",
-                exported["optimum"],
-                f"{program.stat().st_size / 2**30:.2f} GiB, {layout}",
-                "-" if verdict is None else f"{verdict['held_gb']:.2f}",
-                followed,
-                *speeds(directory, program, intermediate),
-            )
-        )
+        cells = [name, weights, f"{_gigabytes(directory):.2f}"]
+        cells += [f"{exported['export_gb']:.2f} / {exported['export_s']:.0f}", exported["optimum"]]
+        cells += [f"{program.stat().st_size / 2**30:.2f} GiB, {layout}"]
+        cells += ["-" if verdict is None else f"{verdict['held_gb']:.2f}", followed]
+        rows.append((*cells, *speeds(directory, program, intermediate)))
     return rows
 
 
 def speeds(directory: Path, program: Path, intermediate: Path) -> tuple[str, str, str]:
-    """Prefill of ``anchors.PROMPT_TOKENS`` tokens, decode (median ms a token) and the run's peak RSS of
-    the program and, after the slash, of GenAI on optimum-cli's IR; each in a fresh process."""
-    config = json.loads((directory / "config.json").read_text())
-    prompt = [3 + i % (config["vocab_size"] - 3) for i in range(PROMPT_TOKENS)]
-    answers = [measure(kind, model, prompt) for kind, model in (("ours", program), ("genai", intermediate))]
-    if any("error" in a for a in answers):
-        return ("; ".join(str(a.get("error", ""))[:120] for a in answers), "-", "-")
-    ours, genai = answers
+    """Prefill, decode (median ms a token) and run peak: the program's / GenAI's on optimum-cli's IR."""
+    prompt = prompt_ids(directory)
+    ours, genai = measure("ours", program, prompt), measure("genai", intermediate, prompt)
+    if "error" in ours or "error" in genai:
+        return ("; ".join(str(a.get("error", ""))[:120] for a in (ours, genai)), "-", "-")
     return tuple(  # type: ignore[return-value]
         f"{ours[field] / scale:.{digits}f} / {genai[field] / scale:.{digits}f}"
         for field, scale, digits in (("prefill_ms", 1, 0), ("decode_ms", 1, 1), ("peak_mb", 1000, 2))
@@ -250,16 +224,9 @@ def speeds(directory: Path, program: Path, intermediate: Path) -> tuple[str, str
 
 
 HEADERS = (
-    "shape",
-    "weights",
-    "checkpoint GB (bf16)",
-    "export peak GB / s",
-    "optimum-cli's",
-    "program",
-    "held after the first call GB",
-    "from its file, teacher-forced",
-    f"prefill ms ({PROMPT_TOKENS} tokens), ours / GenAI's",
-    "decode ms a token, ours / GenAI's",
+    *("shape", "weights", "checkpoint GB (bf16)", "export peak GB / s", "optimum-cli's", "program"),
+    *("held after the first call GB", "from its file, teacher-forced"),
+    *(f"prefill ms ({PROMPT_TOKENS} tokens), ours / GenAI's", "decode ms a token, ours / GenAI's"),
     "run peak GB, ours / GenAI's",
 )
 
