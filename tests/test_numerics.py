@@ -474,6 +474,56 @@ def test_computing_a_value_again_lets_each_step_go_once_read() -> None:
     torch.testing.assert_close(value, (program.state_dict["weight"].float() - 128.0) * program.state_dict["scale"])
 
 
+def test_a_large_weight_s_steps_are_computed_by_rows_and_never_stand_whole(monkeypatch) -> None:
+    """A tied embedding table dequantized (cast, zero point, scale) is computed a block of rows at a
+    time into one tensor, while the program's values are computed and each time the check asks for
+    it: no step of it ever stands whole beside another, which at a 3 B decoder's vocabulary would be
+    1.6 GB each. Its values are those of the steps computed whole."""
+    import openvino_backend.partition.samples as samples
+
+    monkeypatch.setattr(samples, "ROWS_BYTES", 1 << 14)  # a block of 32 rows of the 512x128 f32 table
+
+    class TiedTable(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.randint(0, 255, (512, 128), dtype=torch.uint8))
+            self.register_buffer("zero", torch.randint(0, 255, (512, 1), dtype=torch.uint8))
+            self.register_buffer("scale", torch.rand(512, 1) / 100)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            table = (self.table.float() - self.zero.float()) * self.scale
+            return torch.nn.functional.embedding(ids, table) @ table.T
+
+    ids = torch.tensor([[3, 511, 0]])
+    program = to_edge(torch.export.export(TiedTable(), (ids,))).exported_program()
+    whole: list[tuple] = []
+
+    class Watch(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if (
+                isinstance(out, torch.Tensor)
+                and out.shape == (512, 128)
+                and func is not torch.ops.aten.empty_strided.default
+            ):
+                whole.append(func)
+            return out
+
+    with Watch():
+        values = sample_values(program, (ids,))
+    assert values is not None
+    assert whole == [], f"steps of the table computed whole: {whole}"
+    (scaled,) = (node for node in values if node.op == "call_function" and "mul" in node.name)
+    with Watch():
+        value = values[scaled]
+    assert whole == [], f"steps of the table computed whole when asked for: {whole}"
+    weights = program.state_dict
+    expected = (weights["table"].float() - weights["zero"].float()) * weights["scale"]
+    assert torch.equal(value, expected)
+    (out,) = (node for node in program.graph.find_nodes(op="output"))
+    torch.testing.assert_close(values[out.args[0][0]], program.module()(ids))
+
+
 def test_a_weight_written_in_place_is_not_recomputed() -> None:
     """A value read from a weight the program then writes in place is held as it was when computed:
     computing it again afterwards would read the written weight."""

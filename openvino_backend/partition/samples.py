@@ -7,6 +7,7 @@ The user's sample inputs when given; otherwise draws shaped by each input's
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -67,6 +68,18 @@ class SampleValues(Mapping[torch.fx.Node, object]):
         if from_weights:
             self.from_weights.add(node)
 
+    def defer(self, node: torch.fx.Node) -> bool:
+        """Hold nothing for ``node``, computed from the weights alone, and compute it when asked for,
+        if its ``meta["val"]`` says it is large enough; True if so. A weight's steps then never
+        stand whole side by side: a value read is computed by rows where its steps allow."""
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            return False
+        if _nbytes(node) < RECOMPUTED_WEIGHT_BYTES:
+            return False
+        self._values[node] = self._RECOMPUTED
+        self.from_weights.add(node)
+        return True
+
     def recomputes(self, node: torch.fx.Node) -> bool:
         """True when ``node``'s value is computed again each time it is asked for."""
         return self._values.get(node) is self._RECOMPUTED
@@ -78,7 +91,9 @@ class SampleValues(Mapping[torch.fx.Node, object]):
     def _recompute(self, node: torch.fx.Node) -> object:
         """``node``'s value computed again, with the values it reads that are computed again too:
         each once (a value read twice on the way is computed once), and each let go once its last
-        reader here has it (a dequantized weight's steps are not all held at once)."""
+        reader here has it (a dequantized weight's steps are not all held at once). A large value
+        whose steps each map rows to rows (a weight's unpacking, cast and scale) is computed a block
+        of rows at a time into its own tensor: no step is ever whole beside the next."""
         order: list[torch.fx.Node] = []  # what is computed again, each after what it reads
         finished: set[torch.fx.Node] = set()
         opened: set[torch.fx.Node] = set()
@@ -94,16 +109,94 @@ class SampleValues(Mapping[torch.fx.Node, object]):
             else:
                 opened.add(current)
                 stack += [a for a in current.all_input_nodes if self.recomputes(a) and a not in finished]
+        by_rows = self._by_rows(order)
+        large = {current for current in by_rows if _nbytes(current) > ROWS_BYTES}
+        # A step by rows whose readers here are all computed by rows is computed inside theirs, never whole.
+        inside = (
+            {a for current in order if current in large for a in current.all_input_nodes if a in by_rows}
+            - {a for current in order if current not in large for a in current.all_input_nodes}
+            - {node}
+        )
         readers = Counter(a for current in order for a in current.all_input_nodes if self.recomputes(a))
         done: dict[torch.fx.Node, object] = {}
         for current in order:
-            done[current] = self._compute(current, done)
+            if current in inside:
+                continue
+            if current in large:
+                done[current] = self._compute_by_rows(current, order, by_rows, done)
+            else:
+                done[current] = self._compute(current, done)
             for arg in current.all_input_nodes:
                 if arg in done and arg is not current:
                     readers[arg] -= 1
                     if readers[arg] == 0:
                         del done[arg]
         return done[node]
+
+    def _by_rows(self, order: list[torch.fx.Node]) -> set[torch.fx.Node]:
+        """The nodes of ``order`` whose value's block of rows (leading dim) is computed from the same
+        block of what they read: element by element ops, casts and copies, reshapes and stacks that
+        keep the leading dim, each reading values of the same leading dim or broadcast over it."""
+        rows: set[torch.fx.Node] = set()
+        for current in order:
+            shape = _static_shape(current)
+            if not shape or shape[0] < 2 or current.op != "call_function" or not _maps_rows(current):
+                continue
+            reads = [a for a in current.all_input_nodes if self.recomputes(a)]
+            if any(a not in rows or _static_shape(a)[0] != shape[0] for a in reads):
+                continue
+            held = [self._values[a] for a in current.all_input_nodes if not self.recomputes(a)]
+            if all(_row_part(x, shape, op_name(current)) is not None for x in held):
+                rows.add(current)
+        return rows
+
+    def _compute_by_rows(
+        self,
+        node: torch.fx.Node,
+        order: list[torch.fx.Node],
+        rows: set[torch.fx.Node],
+        done: Mapping[torch.fx.Node, object],
+    ) -> torch.Tensor:
+        """``node``'s value computed ``ROWS_BYTES`` of it at a time, with the steps in ``rows`` it
+        needs (``order`` has them in the order they compute)."""
+        needed, pending = {node}, [node]
+        while pending:
+            for arg in pending.pop().all_input_nodes:
+                if arg in rows and arg not in done and arg not in needed:
+                    needed.add(arg)
+                    pending.append(arg)
+        steps = [current for current in order if current in needed]
+        shape, meta = _static_shape(node), node.meta["val"]
+        out = torch.empty_strided(shape, meta.stride(), dtype=meta.dtype)
+        step = max(1, ROWS_BYTES * shape[0] // max(1, _nbytes(node)))
+        for start in range(0, shape[0], step):
+            stop = min(start + step, shape[0])
+            block: dict[torch.fx.Node, object] = {}
+            for current in steps:
+                full, name = _static_shape(current), op_name(current)
+                read = functools.partial(self._block_read, block, done, full, name, slice(start, stop))
+                args, kwargs = torch.fx.node.map_arg((current.args, current.kwargs), read)
+                if name in _RESHAPES:
+                    args = (args[0], [stop - start, *full[1:]], *args[2:])
+                with torch.no_grad():
+                    block[current] = current.target(*args, **kwargs)
+            out[start:stop] = block[node]
+        return out
+
+    def _block_read(
+        self,
+        block: Mapping[torch.fx.Node, object],
+        done: Mapping[torch.fx.Node, object],
+        shape: tuple[int, ...],
+        name: str,
+        rows: slice,
+        arg: torch.fx.Node,
+    ) -> object:
+        """What a block of ``rows`` of a ``shape`` result of op ``name`` reads of ``arg``."""
+        if arg in block:
+            return block[arg]
+        value = done[arg] if arg in done else self._values[arg]
+        return value[rows] if _row_part(value, shape, name) == "rows" else value
 
     def _compute(self, node: torch.fx.Node, done: Mapping[torch.fx.Node, object]) -> object:
         args, kwargs = torch.fx.node.map_arg(
@@ -122,6 +215,55 @@ class SampleValues(Mapping[torch.fx.Node, object]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+# What the propagation puts for a value computed from the weights alone until something reads it.
+_DEFERRED = object()
+
+# A value computed again by rows is computed this many bytes of it at a time.
+ROWS_BYTES = 1 << 24
+_RESHAPES = {"aten.view_copy.default", "aten.reshape.default", "aten.view.default"}
+_STACKS = {"aten.stack.default", "aten.cat.default"}
+
+
+def _static_shape(node: torch.fx.Node) -> tuple[int, ...]:
+    """``node``'s shape from its ``meta["val"]`` when it is a tensor of known sizes, else ``()``."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not all(isinstance(d, int) for d in val.shape):
+        return ()
+    return tuple(val.shape)
+
+
+def _nbytes(node: torch.fx.Node) -> int:
+    shape = _static_shape(node)
+    return int(np.prod(shape)) * node.meta["val"].dtype.itemsize if shape else 0
+
+
+def _maps_rows(node: torch.fx.Node) -> bool:
+    """True when ``node``'s block of rows is computed from the same block of rows of what it reads."""
+    name = op_name(node)
+    if torch.Tag.pointwise in getattr(node.target, "tags", ()) or facts(node).copy is not None:
+        return True
+    if name in _RESHAPES:  # row-major: keeping the leading dim keeps each row's values in it
+        source = _static_shape(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else ()
+        return bool(source) and source[0] == _static_shape(node)[0]
+    if name in _STACKS:  # along any dim but the leading one (a dim of the result, for both)
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        return isinstance(dim, int) and dim % len(_static_shape(node)) != 0
+    return False
+
+
+def _row_part(value: object, shape: tuple[int, ...], name: str) -> str | None:
+    """What a block of rows of a ``shape`` result reads of ``value``: ``"rows"``, its own block of
+    rows; ``"all"``, all of it (a scalar, or a value broadcast over the rows); None, neither."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return "all"
+    if name in _RESHAPES or name in _STACKS or value.dim() == len(shape):
+        if value.shape[0] == shape[0]:
+            return "rows"
+        broadcast = name not in _RESHAPES and name not in _STACKS and value.shape[0] == 1
+        return "all" if broadcast else None
+    return "all" if value.dim() < len(shape) else None
 
 
 # Copies whose values a view of their input gives.
@@ -195,15 +337,27 @@ def _propagate(program: ExportedProgram, user_inputs: list[object]) -> SampleVal
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, node: torch.fx.Node) -> object:
-            result = super().run_node(node)
             unchanged = node not in written and not any(n in written for n in node.all_input_nodes)
             if node.op == "call_function" and unchanged and all(n in weights for n in node.all_input_nodes):
                 weights.add(node)
+                if values.defer(node):  # computed when a value not of the weights alone reads it
+                    return _DEFERRED
+            result = super().run_node(node)
             from_weights = node in weights
             values.record(
                 node, result, recomputable=from_weights or (unchanged and _cheap(node)), from_weights=from_weights
             )
             return result
+
+        def fetch_args_kwargs_from_env(self, node: torch.fx.Node) -> tuple[tuple, dict]:
+            deferred = [arg for arg in node.all_input_nodes if self.env.get(arg) is _DEFERRED]
+            for arg in deferred:
+                self.env[arg] = values[arg]
+            try:
+                return super().fetch_args_kwargs_from_env(node)
+            finally:
+                for arg in deferred:
+                    self.env[arg] = _DEFERRED
 
     with torch.no_grad():
         Recorder(program.graph_module).run(*flat, enable_io_processing=False)
