@@ -17,6 +17,8 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 
+import openvino_backend.lowering.blob_export as blob_export
+import openvino_backend.lowering.preprocess as preprocess_module
 import openvino_backend.program as layout
 from openvino_backend import OpenvinoPartitioner, ProgramLayoutError, check_program, to_executorch
 from openvino_backend.blob_import import import_copies_blob
@@ -219,3 +221,48 @@ def test_a_program_past_the_flatbuffer_limit(monkeypatch, tmp_path: Path, inline
         pte = tmp_path / "linear.pte"
         write_program(program, pte)
         _assert_matches_eager(module, inputs, _run_in_fresh_process(pte, inputs, tmp_path))
+
+
+class _NoExport:
+    """A compiled model whose ``export_model`` is refused: the blob must come from OpenVINO's cache."""
+
+    def __init__(self, compiled) -> None:
+        self._compiled = compiled
+
+    def __getattr__(self, name: str):
+        if name == "export_model":
+            raise AssertionError("preprocess exported the blob in memory, beside the compiled model")
+        return getattr(self._compiled, name)
+
+
+def test_openvino_s_model_cache_holds_exactly_export_model_s_blob() -> None:
+    """What preprocess relies on to keep the blob out of memory while the models live, asked of the
+    installed OpenVINO (CI asks both lines): the cache file, past its header line, is the blob."""
+    assert blob_export.cache_holds_export("CPU", {})
+    assert not blob_export.cache_holds_export("CPU", {"CACHE_DIR": "/somewhere/of/the/user"})
+
+
+def test_the_blob_comes_from_openvino_s_cache_and_the_program_runs_from_its_file(tmp_path: Path, monkeypatch) -> None:
+    compile_model = preprocess_module.compile_model
+    monkeypatch.setattr(preprocess_module, "compile_model", lambda *a, **k: _NoExport(compile_model(*a, **k)))
+    read: list[int] = []
+    monkeypatch.setattr(
+        preprocess_module, "read_cached_blob", lambda d: read.append(1) or blob_export.read_cached_blob(d)
+    )
+    module, inputs = Tagger().eval(), (torch.randint(0, 50, (4, 6)),)
+    pte = tmp_path / "cached.pte"
+    write_program(to_executorch(_edge(module, inputs)), pte)
+    assert read == [1]
+    _assert_matches_eager(module, inputs, _run_in_fresh_process(pte, inputs, tmp_path))
+
+
+@pytest.mark.parametrize("refusal", ["cache_holds_export", "room_for_blob"])
+def test_where_the_cache_cannot_give_the_blob_it_is_exported_in_memory(tmp_path: Path, monkeypatch, refusal) -> None:
+    """An OpenVINO whose cache holds something else, or a disk without room for the blob: the blob is
+    exported as OpenVINO's API gives it, and nothing is read from the cache."""
+    monkeypatch.setattr(preprocess_module, refusal, lambda *a: False)
+    monkeypatch.setattr(preprocess_module, "read_cached_blob", lambda d: pytest.fail("read from the cache"))
+    module, inputs = Tagger().eval(), (torch.randint(0, 50, (4, 6)),)
+    pte = tmp_path / "exported.pte"
+    write_program(to_executorch(_edge(module, inputs)), pte)
+    _assert_matches_eager(module, inputs, [LoadedMethod(pte)(inputs)[0]])

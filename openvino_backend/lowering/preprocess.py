@@ -4,7 +4,7 @@ The pipeline, one named step each::
 
     edge dim orders -> validate edge tensors -> passes -> convert -> validate output types
         -> adapt edge layouts -> validate pass-throughs -> make stateful -> grow caches
-        -> compile -> validate compiled -> export
+        -> compile -> validate compiled -> export (by OpenVINO's model cache, ``blob_export.py``)
 
 The partitioner's checks have already converted (and the numerical check
 compiled) each final partition the same way; preprocess takes that work over
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import tempfile
+from pathlib import Path
 from typing import final
 
 import openvino as ov
@@ -32,6 +34,13 @@ from torch.export import ExportedProgram
 from openvino_backend.compile_spec import PARTITION_KEY, CompileOptions
 from openvino_backend.diagnostics import NodeRef
 from openvino_backend.graph import non_default_dim_order, output_nodes, user_input_nodes, user_output_nodes
+from openvino_backend.lowering.blob_export import (
+    CACHE_DIR,
+    cache_holds_export,
+    has_cached_blob,
+    read_cached_blob,
+    room_for_blob,
+)
 from openvino_backend.lowering.convert import conversion_error, convert
 from openvino_backend.lowering.edge_layout import DimOrder, adapt_edge_layouts
 from openvino_backend.lowering.guard import share_backend_name, upstream_preprocess
@@ -79,6 +88,16 @@ class OpenvinoBackend(BackendDetails):
         if (theirs := upstream_preprocess(compile_specs, PARTITION_KEY)) is not None:
             return theirs(edge_program, compile_specs)  # ExecuTorch's own partitioner's partition
         options = CompileOptions.from_specs(compile_specs)
+        with tempfile.TemporaryDirectory(prefix="openvino_backend-blob-") as directory:
+            blob = cls._compile(edge_program, options, Path(directory))
+            # Nothing of the converted or compiled model is left: the blob is read beside neither.
+            with stage("export"):
+                return PreprocessResult(processed_bytes=blob if blob is not None else read_cached_blob(Path(directory)))
+
+    @classmethod
+    def _compile(cls, edge_program: ExportedProgram, options: CompileOptions, directory: Path) -> bytes | None:
+        """Convert, check and compile the partition; its blob, or None where OpenVINO wrote it into
+        ``directory``'s model cache (``blob_export.py``)."""
         input_orders, output_orders = edge_dim_orders(edge_program)
         # On the program ExecuTorch gives, before any pass: this check trusts no earlier step.
         validate_edge_tensors(edge_program, partition=options.partition)
@@ -119,11 +138,17 @@ class OpenvinoBackend(BackendDetails):
                 grow_caches(model, exact_writes(graph_module))
             drop_unread_state(model)
         compiled = handed.compiled.get(compile_key(options.device, options.properties)) if handed else None
+        cache = None
         if compiled is None:
-            compiled = compile_model(model, options, graph_module)
+            streamed = cache_holds_export(options.device, options.properties) and room_for_blob(model, directory)
+            cache = directory if streamed else None
+            compiled = compile_model(model, options, graph_module, cache)
         with stage("validate_compiled"):
             validate_compiled(compiled, graph_module, partition=options.partition)
-        return PreprocessResult(processed_bytes=compiled.export_model().getvalue())
+        if cache is not None and has_cached_blob(cache):
+            return None
+        with stage("export"):
+            return compiled.export_model().getvalue()
 
 
 @timed("run_passes")
@@ -161,9 +186,13 @@ def edge_nodes(graph_module: torch.fx.GraphModule) -> tuple[list[tuple[NodeRef, 
 
 
 @timed("compile_model")
-def compile_model(model: ov.Model, options: CompileOptions, graph_module: torch.fx.GraphModule) -> ov.CompiledModel:
+def compile_model(
+    model: ov.Model, options: CompileOptions, graph_module: torch.fx.GraphModule, cache: Path | None = None
+) -> ov.CompiledModel:
+    """``model`` compiled; with ``cache``, OpenVINO also writes its blob there."""
+    properties = options.properties if cache is None else {**options.properties, CACHE_DIR: str(cache)}
     try:
-        return openvino_core().compile_model(model, options.device, options.properties)
+        return openvino_core().compile_model(model, options.device, properties)
     except RuntimeError as error:
         raise conversion_error(
             f"OpenVINO could not compile for {options.device}", graph_module, options.partition, error
