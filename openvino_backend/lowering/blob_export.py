@@ -39,11 +39,12 @@ def read_cached_blob(directory: Path) -> bytes:
     blobs = sorted(directory.glob("*.blob"))
     if len(blobs) != 1:
         raise RuntimeError(f"OpenVINO's cache in {directory} holds {len(blobs)} blobs, not one")
-    with blobs[0].open("rb") as file:
+    # Unbuffered: a buffered reader would join what it read ahead with the rest, a second blob.
+    with blobs[0].open("rb", buffering=0) as file:
         header = file.readline()
         if not _HEADER.match(header):
             raise RuntimeError(f"OpenVINO's cache header is not the one known here: {header[:120]!r}")
-        return file.read()
+        return file.readall()
 
 
 def has_cached_blob(directory: Path) -> bool:
