@@ -256,11 +256,11 @@ def test_the_blob_comes_from_openvino_s_cache_and_the_program_runs_from_its_file
     _assert_matches_eager(module, inputs, _run_in_fresh_process(pte, inputs, tmp_path))
 
 
-@pytest.mark.parametrize("refusal", ["cache_holds_export", "room_for_blob"])
+@pytest.mark.parametrize("refusal", ["cache_holds_export", "room_for_blob", "blob_directory"])
 def test_where_the_cache_cannot_give_the_blob_it_is_exported_in_memory(tmp_path: Path, monkeypatch, refusal) -> None:
-    """An OpenVINO whose cache holds something else, or a disk without room for the blob: the blob is
-    exported as OpenVINO's API gives it, and nothing is read from the cache."""
-    monkeypatch.setattr(preprocess_module, refusal, lambda *a: False)
+    """An OpenVINO whose cache holds something else, a disk without room for the blob, no directory
+    but in memory: the blob is exported as OpenVINO's API gives it, and nothing is read from a cache."""
+    monkeypatch.setattr(preprocess_module, refusal, lambda *a: None if refusal == "blob_directory" else False)
     monkeypatch.setattr(preprocess_module, "read_cached_blob", lambda d: pytest.fail("read from the cache"))
     module, inputs = Tagger().eval(), (torch.randint(0, 50, (4, 6)),)
     pte = tmp_path / "exported.pte"
@@ -295,3 +295,17 @@ def test_the_cached_blob_is_read_into_memory_once(tmp_path: Path) -> None:
     size, grown = map(int, done.stdout.split())
     assert size == 256 << 20
     assert grown < 1.25 * size, f"reading a {size >> 20} MiB blob raised the peak by {grown >> 20} MiB"
+
+
+def test_blobs_are_written_on_disk_not_into_a_memory_file_system(tmp_path: Path, monkeypatch) -> None:
+    """A ``/tmp`` that is memory (tmpfs, as on many desktops) would hold the blob in memory beside the
+    process's copy: the user's cache directory is used instead, and where that is memory too, none."""
+    monkeypatch.setattr(blob_export.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(blob_export.Path, "home", lambda: tmp_path / "home")
+    (tmp_path / "tmp").mkdir()
+    file_system, memory = blob_export._file_system, {tmp_path / "tmp"}
+    monkeypatch.setattr(blob_export, "_file_system", lambda path: "tmpfs" if path in memory else "ext4")
+    assert blob_export.blob_directory() == tmp_path / "home" / ".cache" / "openvino_backend"
+    memory.add(tmp_path / "home" / ".cache" / "openvino_backend")
+    assert blob_export.blob_directory() is None
+    assert file_system(Path("/proc")) == "proc"  # read from the mount table

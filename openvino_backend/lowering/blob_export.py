@@ -80,6 +80,39 @@ def _ask(device: str, properties: dict[str, object]) -> bool:
     return holds
 
 
+# File systems whose files are memory: a blob written there costs what it would in the process.
+_IN_MEMORY = frozenset({"tmpfs", "ramfs"})
+
+
+def blob_directory() -> Path | None:
+    """Where preprocess has OpenVINO write blobs: the system's temporary directory, or the user's
+    cache directory where that one is memory (a tmpfs ``/tmp``); None where both are."""
+    candidates = [Path(tempfile.gettempdir()), Path.home() / ".cache" / "openvino_backend"]
+    for candidate in candidates:
+        try:
+            candidate.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if _file_system(candidate) not in _IN_MEMORY:
+            return candidate
+    logger.info("no directory on disk for blobs (%s): exported in memory", ", ".join(map(str, candidates)))
+    return None
+
+
+def _file_system(path: Path) -> str | None:
+    """The type of the file system ``path`` is on (Linux's mount table), None where unknown."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    resolved, best, kind = path.resolve(), -1, None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) >= 3 and resolved.is_relative_to(fields[1]) and len(fields[1]) > best:
+            best, kind = len(fields[1]), fields[2]
+    return kind
+
+
 def room_for_blob(model: ov.Model, directory: Path) -> bool:
     """True if ``directory``'s disk has room for ``model``'s blob (its constants, twice over)."""
     constants = sum(op.get_byte_size() for op in model.get_ordered_ops() if op.get_type_name() == "Constant")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 from typing import final
 
@@ -36,6 +37,7 @@ from openvino_backend.diagnostics import NodeRef
 from openvino_backend.graph import non_default_dim_order, output_nodes, user_input_nodes, user_output_nodes
 from openvino_backend.lowering.blob_export import (
     CACHE_DIR,
+    blob_directory,
     cache_holds_export,
     has_cached_blob,
     read_cached_blob,
@@ -88,16 +90,19 @@ class OpenvinoBackend(BackendDetails):
         if (theirs := upstream_preprocess(compile_specs, PARTITION_KEY)) is not None:
             return theirs(edge_program, compile_specs)  # ExecuTorch's own partitioner's partition
         options = CompileOptions.from_specs(compile_specs)
-        with tempfile.TemporaryDirectory(prefix="openvino_backend-blob-") as directory:
-            blob = cls._compile(edge_program, options, Path(directory))
+        parent = blob_directory()
+        place = tempfile.TemporaryDirectory(prefix="openvino_backend-blob-", dir=parent) if parent else nullcontext()
+        with place as directory:
+            cache = Path(directory) if directory is not None else None
+            blob = cls._compile(edge_program, options, cache)
             # Nothing of the converted or compiled model is left: the blob is read beside neither.
             with stage("export"):
-                return PreprocessResult(processed_bytes=blob if blob is not None else read_cached_blob(Path(directory)))
+                return PreprocessResult(processed_bytes=blob if blob is not None else read_cached_blob(cache))
 
     @classmethod
-    def _compile(cls, edge_program: ExportedProgram, options: CompileOptions, directory: Path) -> bytes | None:
+    def _compile(cls, edge_program: ExportedProgram, options: CompileOptions, directory: Path | None) -> bytes | None:
         """Convert, check and compile the partition; its blob, or None where OpenVINO wrote it into
-        ``directory``'s model cache (``blob_export.py``)."""
+        a model cache in ``directory`` (``blob_export.py``)."""
         input_orders, output_orders = edge_dim_orders(edge_program)
         # On the program ExecuTorch gives, before any pass: this check trusts no earlier step.
         validate_edge_tensors(edge_program, partition=options.partition)
@@ -140,8 +145,8 @@ class OpenvinoBackend(BackendDetails):
         compiled = handed.compiled.get(compile_key(options.device, options.properties)) if handed else None
         cache = None
         if compiled is None:
-            streamed = cache_holds_export(options.device, options.properties) and room_for_blob(model, directory)
-            cache = directory if streamed else None
+            streamed = directory is not None and cache_holds_export(options.device, options.properties)
+            cache = directory if streamed and room_for_blob(model, directory) else None
             compiled = compile_model(model, options, graph_module, cache)
         with stage("validate_compiled"):
             validate_compiled(compiled, graph_module, partition=options.partition)
