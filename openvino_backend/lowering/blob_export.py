@@ -9,8 +9,8 @@ file: the blob is never in memory beside the models.
 
 That the cache file holds, after its header line, exactly what ``export_model`` returns is asked of the
 installed OpenVINO (a small model compiled with the same device and properties both ways, once per
-process), not assumed. Where it does not, or the disk has no room for the blob, preprocess exports as
-before.
+process), not assumed. Where it does not, where the disk has no room for the blob, or where the only
+directories at hand are memory (a tmpfs), preprocess exports in memory as before.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def read_cached_blob(directory: Path) -> bytes:
 
 
 def has_cached_blob(directory: Path) -> bool:
+    """True if OpenVINO's cache wrote one blob into ``directory`` (a compile it could not cache writes none)."""
     return len(list(directory.glob("*.blob"))) == 1
 
 
