@@ -479,9 +479,9 @@ def test_a_large_weight_s_steps_are_computed_by_rows_and_never_stand_whole(monke
     time into one tensor, while the program's values are computed and each time the check asks for
     it: no step of it ever stands whole beside another, which at a 3 B decoder's vocabulary would be
     1.6 GB each. Its values are those of the steps computed whole."""
-    import openvino_backend.partition.samples as samples
+    import openvino_backend.partition.rows as rows
 
-    monkeypatch.setattr(samples, "ROWS_BYTES", 1 << 14)  # a block of 32 rows of the 512x128 f32 table
+    monkeypatch.setattr(rows, "ROWS_BYTES", 1 << 14)  # a block of 32 rows of the 512x128 f32 table
 
     class TiedTable(torch.nn.Module):
         def __init__(self) -> None:

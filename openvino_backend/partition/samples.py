@@ -21,6 +21,8 @@ from torch.utils.flop_counter import flop_registry
 
 from openvino_backend.graph import non_default_dim_order, op_name
 from openvino_backend.ops import facts
+from openvino_backend.partition import rows as row_blocks
+from openvino_backend.partition.rows import RESHAPES, maps_rows, nbytes, row_part, static_shape
 from openvino_backend.timing import timed
 from openvino_backend.transform.fold import mutated_in_place
 
@@ -74,7 +76,7 @@ class SampleValues(Mapping[torch.fx.Node, object]):
         stand whole side by side: a value read is computed by rows where its steps allow."""
         if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
             return False
-        if _nbytes(node) < RECOMPUTED_WEIGHT_BYTES:
+        if nbytes(node) < RECOMPUTED_WEIGHT_BYTES:
             return False
         self._values[node] = self._RECOMPUTED
         self.from_weights.add(node)
@@ -110,7 +112,7 @@ class SampleValues(Mapping[torch.fx.Node, object]):
                 opened.add(current)
                 stack += [a for a in current.all_input_nodes if self.recomputes(a) and a not in finished]
         by_rows = self._by_rows(order)
-        large = {current for current in by_rows if _nbytes(current) > ROWS_BYTES}
+        large = {current for current in by_rows if nbytes(current) > row_blocks.ROWS_BYTES}
         # A step by rows whose readers here are all computed by rows is computed inside theirs, never whole.
         inside = (
             {a for current in order if current in large for a in current.all_input_nodes if a in by_rows}
@@ -139,14 +141,14 @@ class SampleValues(Mapping[torch.fx.Node, object]):
         keep the leading dim, each reading values of the same leading dim or broadcast over it."""
         rows: set[torch.fx.Node] = set()
         for current in order:
-            shape = _static_shape(current)
-            if not shape or shape[0] < 2 or current.op != "call_function" or not _maps_rows(current):
+            shape = static_shape(current)
+            if not shape or shape[0] < 2 or current.op != "call_function" or not maps_rows(current):
                 continue
             reads = [a for a in current.all_input_nodes if self.recomputes(a)]
-            if any(a not in rows or _static_shape(a)[0] != shape[0] for a in reads):
+            if any(a not in rows or static_shape(a)[0] != shape[0] for a in reads):
                 continue
             held = [self._values[a] for a in current.all_input_nodes if not self.recomputes(a)]
-            if all(_row_part(x, shape, op_name(current)) is not None for x in held):
+            if all(row_part(x, shape, op_name(current)) is not None for x in held):
                 rows.add(current)
         return rows
 
@@ -166,17 +168,17 @@ class SampleValues(Mapping[torch.fx.Node, object]):
                     needed.add(arg)
                     pending.append(arg)
         steps = [current for current in order if current in needed]
-        shape, meta = _static_shape(node), node.meta["val"]
+        shape, meta = static_shape(node), node.meta["val"]
         out = torch.empty_strided(shape, meta.stride(), dtype=meta.dtype)
-        step = max(1, ROWS_BYTES * shape[0] // max(1, _nbytes(node)))
+        step = max(1, row_blocks.ROWS_BYTES * shape[0] // max(1, nbytes(node)))
         for start in range(0, shape[0], step):
             stop = min(start + step, shape[0])
             block: dict[torch.fx.Node, object] = {}
             for current in steps:
-                full, name = _static_shape(current), op_name(current)
+                full, name = static_shape(current), op_name(current)
                 read = functools.partial(self._block_read, block, done, full, name, slice(start, stop))
                 args, kwargs = torch.fx.node.map_arg((current.args, current.kwargs), read)
-                if name in _RESHAPES:
+                if name in RESHAPES:
                     args = (args[0], [stop - start, *full[1:]], *args[2:])
                 with torch.no_grad():
                     block[current] = current.target(*args, **kwargs)
@@ -196,7 +198,7 @@ class SampleValues(Mapping[torch.fx.Node, object]):
         if arg in block:
             return block[arg]
         value = done[arg] if arg in done else self._values[arg]
-        return value[rows] if _row_part(value, shape, name) == "rows" else value
+        return value[rows] if row_part(value, shape, name) == "rows" else value
 
     def _compute(self, node: torch.fx.Node, done: Mapping[torch.fx.Node, object]) -> object:
         args, kwargs = torch.fx.node.map_arg(
@@ -219,52 +221,6 @@ class SampleValues(Mapping[torch.fx.Node, object]):
 
 # What the propagation puts for a value computed from the weights alone until something reads it.
 _DEFERRED = object()
-
-# A value computed again by rows is computed this many bytes of it at a time.
-ROWS_BYTES = 1 << 24
-_RESHAPES = {"aten.view_copy.default", "aten.reshape.default", "aten.view.default"}
-_STACKS = {"aten.stack.default", "aten.cat.default"}
-
-
-def _static_shape(node: torch.fx.Node) -> tuple[int, ...]:
-    """``node``'s shape from its ``meta["val"]`` when it is a tensor of known sizes, else ``()``."""
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or not all(isinstance(d, int) for d in val.shape):
-        return ()
-    return tuple(val.shape)
-
-
-def _nbytes(node: torch.fx.Node) -> int:
-    shape = _static_shape(node)
-    return int(np.prod(shape)) * node.meta["val"].dtype.itemsize if shape else 0
-
-
-def _maps_rows(node: torch.fx.Node) -> bool:
-    """True when ``node``'s block of rows is computed from the same block of rows of what it reads."""
-    name = op_name(node)
-    if torch.Tag.pointwise in getattr(node.target, "tags", ()) or facts(node).copy is not None:
-        return True
-    if name in _RESHAPES:  # row-major: keeping the leading dim keeps each row's values in it
-        source = _static_shape(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else ()
-        return bool(source) and source[0] == _static_shape(node)[0]
-    if name in _STACKS:  # along any dim but the leading one (a dim of the result, for both)
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        return isinstance(dim, int) and dim % len(_static_shape(node)) != 0
-    return False
-
-
-def _row_part(value: object, shape: tuple[int, ...], name: str) -> str | None:
-    """What a block of rows of a ``shape`` result reads of ``value``: ``"rows"``, its own block of
-    rows; ``"all"``, all of it (a scalar, or a value broadcast over the rows); None, neither."""
-    if not isinstance(value, torch.Tensor) or value.dim() == 0:
-        return "all"
-    if name in _RESHAPES or name in _STACKS or value.dim() == len(shape):
-        if value.shape[0] == shape[0]:
-            return "rows"
-        broadcast = name not in _RESHAPES and name not in _STACKS and value.shape[0] == 1
-        return "all" if broadcast else None
-    return "all" if value.dim() < len(shape) else None
-
 
 # Copies whose values a view of their input gives.
 _VIEWS = {
