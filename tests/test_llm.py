@@ -319,3 +319,36 @@ def test_a_hugging_face_prompt_puts_only_its_last_position_through_the_head(tmp_
     assert len(heads) == 1, heads
     rows = heads[0].args[0].meta["val"].shape[:-1]
     assert all(isinstance(size, int) and size == 1 for size in rows), f"the head multiplies {rows} rows"
+
+
+def test_lowering_decomposes_the_graph_once_and_keeps_whole_what_openvino_takes_whole(
+    wide_llama: Decoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each decomposition traces the whole graph: ``lower_graph`` runs one (ExecuTorch's
+    ``to_edge_transform_and_lower`` runs two). What the partitioner keeps whole (the stack that
+    unpacks NNCF's 4-bit weights) reaches OpenVINO whole, and the program follows the graph."""
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    graph = export_graph(wide_llama, weights="int4")
+    decompositions = []
+    run_decompositions = torch.export.ExportedProgram.run_decompositions
+
+    def counted(self, *args, **kwargs):
+        decompositions.append(self)
+        return run_decompositions(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counted)
+    program = lower_graph(graph, wide_llama)
+    assert len(decompositions) == 1
+    delegated = [
+        node.target.__name__
+        for module in program.exported_program().graph_module.modules()
+        if hasattr(module, "original_module")
+        for node in module.original_module.graph.nodes
+        if node.op == "call_function"
+    ]
+    assert "aten.stack.default" in delegated, sorted(set(delegated))
+    tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = graph.module()(tokens, torch.tensor([0]))[-1]
+    got = Generator(program.buffer)(tokens[0].tolist())
+    assert float(torch.nn.functional.cosine_similarity(got, want, dim=0)) >= 0.999

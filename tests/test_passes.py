@@ -552,3 +552,27 @@ def test_a_query_scale_goes_into_the_projections_constants(compressed: bool, roo
     # The rotated query read elsewhere too: scaling the projection would change that value.
     shared = _rotated_query_attention(compressed=compressed, rotated_is_output=True)
     assert hoist_query_scales(shared) == 0
+
+
+def test_the_frontend_s_node_decoders_find_their_inputs_by_table() -> None:
+    """OpenVINO's FX decoder finds each node's inputs with ``list.index`` (quadratic in the graph's
+    length); ``fx_decoder`` hands it a list that answers from a table, with the positions ``list``
+    gives, and the conversion is the same."""
+    from openvino_backend.lowering.convert import NodeList, fx_decoder
+
+    class Chain(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(40):
+                x = torch.tanh(x) * 0.5 + x * 0.5
+            return x
+
+    graph_module = torch.export.export(Chain(), (torch.randn(3),)).module()
+    decoder = fx_decoder(graph_module)
+    assert isinstance(decoder._nodes, NodeList)
+    nodes = list(graph_module.graph.nodes)
+    assert [decoder._nodes.index(node) for node in nodes] == [nodes.index(node) for node in nodes]
+    with pytest.raises(ValueError):
+        decoder._nodes.index(torch.fx.Graph().placeholder("elsewhere"))
+    x = torch.randn(3)
+    got = ov.Core().compile_model(convert(graph_module), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(x.numpy())[0]
+    np.testing.assert_allclose(got, Chain()(x).numpy(), rtol=1e-5, atol=1e-5)

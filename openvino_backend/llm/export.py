@@ -27,7 +27,7 @@ from executorch.exir import (
     EdgeCompileConfig,
     EdgeProgramManager,
     ExecutorchProgramManager,
-    to_edge_transform_and_lower,
+    to_edge,
 )
 from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from torch._export.verifier import SpecViolationError
@@ -280,14 +280,7 @@ def lower_graph(
     partitioner = partitioner or OpenvinoPartitioner(sample_inputs=example_inputs(decoder, 3 if dynamic else 1))
     with writing_inline():
         try:
-            edge = to_edge_transform_and_lower(
-                exported,
-                partitioner=[partitioner],
-                compile_config=EdgeCompileConfig(
-                    _check_ir_validity=False, _core_aten_ops_exception_list=list(_UNPACKING_OPS)
-                ),
-                constant_methods=metadata(decoder, dynamic),
-            )
+            edge = lower_in_one_pass(exported, partitioner, metadata(decoder, dynamic))
             check_ir(edge)
         except OpenvinoExportError:
             raise
@@ -304,6 +297,28 @@ def lower_graph(
         len(report.state_buffers),
     )
     return to_executorch(edge)
+
+
+def lower_in_one_pass(
+    exported: torch.export.ExportedProgram,
+    partitioner: OpenvinoPartitioner,
+    constant_methods: dict[str, object] | None = None,
+) -> EdgeProgramManager:
+    """``to_edge_transform_and_lower(exported, partitioner=[partitioner])``, with the graph decomposed
+    once. ExecuTorch's runs the decomposition twice (once with an empty table, to functionalize the
+    graph before it asks the partitioner what to keep whole; once with the table): each a trace of
+    the whole graph, a ninth of a 0.5 B decoder's export. ``to_edge`` decomposes once, keeping whole
+    what the partitioner asks (``preserve_ops``), and functionalizes in the same trace; the partitioner
+    then sees the same edge program, and its pre-decomposition transforms run first, as there."""
+    program = partitioner.transform_for_pre_decomposition(exported)
+    kept, _ = partitioner.ops_to_not_decompose(program)
+    config = EdgeCompileConfig(
+        _check_ir_validity=False,
+        _core_aten_ops_exception_list=[*_UNPACKING_OPS, *kept],
+        preserve_ops=list(kept),
+    )
+    edge = to_edge(program, constant_methods=constant_methods, compile_config=config)
+    return edge.to_backend(partitioner)
 
 
 def check_ir(edge: EdgeProgramManager) -> None:

@@ -61,6 +61,31 @@ def _bind_scalar_as_vector(parameter: ov.Node) -> None:
         reader.replace_source_output(parameter.output(0) if bound else scalar.output(0))
 
 
+class NodeList(list):
+    """The decoder's list of a graph's nodes, ``index`` by a table: OpenVINO's FX decoder looks up
+    each node's inputs with ``list.index``, quadratic in the graph's length (a 0.5 B decoder's
+    graph: seconds per conversion). Nodes compare by identity, so the table finds what ``index``
+    finds, the first position of that node."""
+
+    def __init__(self, nodes: list[torch.fx.Node]) -> None:
+        super().__init__(nodes)
+        self._positions: dict[torch.fx.Node, int] = {}
+        for position, node in enumerate(nodes):
+            self._positions.setdefault(node, position)
+
+    def index(self, node: object, *args: int) -> int:
+        position = self._positions.get(node) if isinstance(node, torch.fx.Node) and not args else None
+        return super().index(node, *args) if position is None else position
+
+
+def fx_decoder(graph_module: torch.fx.GraphModule) -> TorchFXPythonDecoder:
+    """OpenVINO's decoder of ``graph_module``, whose node decoders find their inputs by table."""
+    decoder = TorchFXPythonDecoder(graph_module)
+    if isinstance(getattr(decoder, "_nodes", None), list):
+        decoder._nodes = NodeList(decoder._nodes)
+    return decoder
+
+
 def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) -> ov.Model:
     """Convert one partition's graph; raise ``ConversionError`` if OpenVINO refuses it.
 
@@ -72,7 +97,7 @@ def convert(graph_module: torch.fx.GraphModule, partition: int | None = None) ->
         bounds = take_bound_pads(graph_module)
         # The decoder must outlive frontend.convert: passed as a temporary it can
         # be collected mid-conversion ("pure virtual function ... decoder_type_name").
-        decoder = TorchFXPythonDecoder(graph_module)
+        decoder = fx_decoder(graph_module)
         model = _with_every_input(frontend.convert(frontend.load(decoder)), graph_module)
         for parameter, (element_type, shape) in zip(model.get_parameters(), input_signature(graph_module), strict=True):
             parameter.set_element_type(element_type)
