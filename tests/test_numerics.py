@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 import torch
-from executorch.exir import to_edge
+from executorch.exir import EdgeCompileConfig, to_edge
 
 import openvino_backend.lowering.preprocess as preprocess
 import openvino_backend.partition.numerical as numerical
@@ -522,6 +522,62 @@ def test_a_large_weight_s_steps_are_computed_by_rows_and_never_stand_whole(monke
     assert torch.equal(value, expected)
     (out,) = (node for node in program.graph.find_nodes(op="output"))
     torch.testing.assert_close(values[out.args[0][0]], program.module()(ids))
+
+
+def test_a_4_bit_weight_unpacked_flat_and_shaped_by_channel_is_computed_by_rows(monkeypatch) -> None:
+    """NNCF unpacks a 4-bit weight flat (two values per byte, one byte per row), then shapes it by
+    output channel: a reshape from 64 times the rows. A block of the weight's rows reads a block of
+    64 times as many flat rows, so the steps on both sides of that reshape are computed by rows, and
+    none stands whole; the values are those of the steps computed whole."""
+    import openvino_backend.partition.rows as rows
+
+    monkeypatch.setattr(rows, "ROWS_BYTES", 1 << 14)  # 16 rows of the 256x256 f32 weight
+    out_features, in_features, group = 256, 256, 128
+
+    class Unpacked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            packed = torch.randint(0, 255, (out_features * in_features // 2, 1), dtype=torch.uint8)
+            self.register_buffer("packed", packed)
+            self.register_buffer("scale", torch.rand(out_features, in_features // group, 1).half() / 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            low, high = torch.bitwise_and(self.packed, 15), torch.bitwise_right_shift(self.packed, 4)
+            signed = torch.stack([low, high], -1).to(torch.int8) - 8
+            grouped = signed.reshape(out_features, in_features // group, group).half() * self.scale
+            weight = grouped.reshape(out_features, in_features).float()
+            return x @ weight.T
+
+    x = torch.randn(3, in_features)
+    unchecked = EdgeCompileConfig(_check_ir_validity=False)  # the shift is no core ATen op
+    program = to_edge(torch.export.export(Unpacked(), (x,)), compile_config=unchecked).exported_program()
+    whole: list[tuple] = []
+
+    class Watch(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            if (
+                isinstance(out, torch.Tensor)
+                and out.numel() == out_features * in_features
+                and func is not torch.ops.aten.empty_strided.default
+                and out.untyped_storage().data_ptr() not in storages  # a view computes nothing
+            ):
+                whole.append((func, tuple(out.shape)))
+            return out
+
+    with Watch():
+        values = sample_values(program, (x,))
+        assert values is not None
+        (weight,) = (n for n in values if n.op == "call_function" and "permute" in str(n.target))
+        value = values[weight]
+    assert whole == [], f"steps of the weight computed whole: {whole}"
+    weights = program.state_dict
+    signed = torch.stack([weights["packed"] & 15, weights["packed"] >> 4], -1).to(torch.int8) - 8
+    grouped = signed.reshape(out_features, in_features // group, group).half() * weights["scale"]
+    assert torch.equal(value, grouped.reshape(out_features, in_features).float().T)
+    (out,) = program.graph.find_nodes(op="output")
+    torch.testing.assert_close(values[out.args[0][0]], program.module()(x))
 
 
 def test_a_weight_written_in_place_is_not_recomputed() -> None:

@@ -9,6 +9,8 @@ wrongly), however small the step.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -195,3 +197,45 @@ def test_a_rerun_holds_only_the_values_it_is_asked_for() -> None:
     changed = _rerun(nodes, values, {first: doubled}, [out_b])
     assert list(changed) == [out_b]  # every other changed value was dropped once read
     assert torch.equal(changed[out_b], torch.full((4,), 4.0))  # (1 * 2 * 2 + 1) - 1
+
+
+def test_reruns_side_by_side_read_each_value_once_and_match_reruns_one_by_one() -> None:
+    """The two reruns of the dynamic judges (ties rounded to nearest and flipped) read a compressed
+    weight's dequantized value, computed again each time it is read: side by side, each value they
+    read is read once, and each rerun is what it is alone."""
+    from openvino_backend.partition.quantized import _rerun, _reruns
+
+    class Linear(torch.nn.Module):
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            weight = torch.mul(w, 0.5)  # stands for a weight's dequantize
+            return torch.relu(torch.matmul(x, torch.transpose(weight, 0, 1))) + 1
+
+    graph = torch.fx.symbolic_trace(Linear()).graph
+    x, w = (n for n in graph.nodes if n.op == "placeholder")
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    _, _, matmul, *_, out = nodes
+    values: dict[torch.fx.Node, object] = {x: torch.randn(3, 8), w: torch.randn(5, 8)}
+    for node in nodes:
+        args = torch.fx.node.map_arg(node.args, values.__getitem__)
+        values[node] = node.target(*args)
+
+    class Counted(dict):
+        def __init__(self, values: dict) -> None:
+            super().__init__(values)
+            self.reads: Counter = Counter()
+
+        def __getitem__(self, node: torch.fx.Node) -> object:
+            self.reads[node] += 1
+            return super().__getitem__(node)
+
+    def scaled_by(factor: float):
+        return lambda node, args, kwargs: node.target(*args, **kwargs) * factor
+
+    variants = [{matmul: scaled_by(2.0)}, {matmul: scaled_by(-1.0)}]
+    counted = Counted(values)
+    side_by_side = _reruns(nodes, counted, variants, [out])
+    assert max(counted.reads.values()) == 1, counted.reads
+    for variant, rerun in zip(variants, side_by_side, strict=True):
+        alone = _rerun(nodes, values, variant, [out])
+        assert list(rerun) == [out] and torch.equal(rerun[out], alone[out])
+    assert not torch.equal(side_by_side[0][out], side_by_side[1][out])

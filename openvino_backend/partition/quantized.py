@@ -19,6 +19,7 @@ half of them, and is refused however small the step.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -104,7 +105,19 @@ def _rerun(
     keep: Sequence[torch.fx.Node],
 ) -> dict[torch.fx.Node, object]:
     """The values of ``keep`` that ``nodes`` compute in PyTorch when each node of ``changes`` is
-    computed by its function instead (given the node and its arguments); only those a change reaches.
+    computed by its function instead (given the node and its arguments); only those a change reaches."""
+    return _reruns(nodes, values, [changes], keep)[0]
+
+
+def _reruns(
+    nodes: Sequence[torch.fx.Node],
+    values: Mapping[torch.fx.Node, object],
+    variants: Sequence[Mapping[torch.fx.Node, Callable[[torch.fx.Node, tuple, dict], object]]],
+    keep: Sequence[torch.fx.Node],
+) -> list[dict[torch.fx.Node, object]]:
+    """``_rerun`` for each of ``variants`` (its ``changes``), side by side in one pass over ``nodes``:
+    a value a step of several reruns reads is read once for all of them (a compressed weight's
+    dequantized value is computed each time it is read).
 
     A changed value is dropped once the last of ``nodes`` reading it has run: the rerun holds what
     one layer holds, not every value of the partition (a decoder's caches pass through each layer)."""
@@ -114,19 +127,40 @@ def _rerun(
     for node in nodes:
         for source in node.all_input_nodes:
             last_read[source] = position[node]
-    changed: dict[torch.fx.Node, object] = {}
+    reruns: list[dict[torch.fx.Node, object]] = [{} for _ in variants]
     for i, node in enumerate(nodes):
-        if node.op != "call_function" or not (node in changes or any(n in changed for n in node.all_input_nodes)):
+        if node.op != "call_function":
             continue
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: changed.get(n, values[n]))
-        compute = changes.get(node, lambda n, a, k: n.target(*a, **k))
-        with torch.no_grad():
-            changed[node] = compute(node, args, kwargs)
-        del args, kwargs
-        for source in {*node.all_input_nodes, node}:
-            if source in changed and source not in kept and last_read.get(source, -1) <= i:
-                del changed[source]
-    return changed
+        read: dict[torch.fx.Node, object] = {}  # the unchanged values this step reads, once for every rerun
+        for changes, changed in zip(variants, reruns, strict=True):
+            if not (node in changes or any(n in changed for n in node.all_input_nodes)):
+                continue
+            args, kwargs = torch.fx.node.map_arg(
+                (node.args, node.kwargs), functools.partial(_read_once, values, changed, read)
+            )
+            compute = changes.get(node, lambda n, a, k: n.target(*a, **k))
+            with torch.no_grad():
+                changed[node] = compute(node, args, kwargs)
+            del args, kwargs
+            for source in {*node.all_input_nodes, node}:
+                if source in changed and source not in kept and last_read.get(source, -1) <= i:
+                    del changed[source]
+        del read
+    return reruns
+
+
+def _read_once(
+    values: Mapping[torch.fx.Node, object],
+    changed: Mapping[torch.fx.Node, object],
+    read: dict[torch.fx.Node, object],
+    source: torch.fx.Node,
+) -> object:
+    """``source``'s value in a rerun: its changed value, else PyTorch's, read once into ``read``."""
+    if source in changed:
+        return changed[source]
+    if source not in read:
+        read[source] = values[source]
+    return read[source]
 
 
 def _flip_near_ties(node: torch.fx.Node, args: tuple, result: torch.Tensor) -> torch.Tensor:
@@ -223,7 +257,7 @@ def dynamic_judges(
     tie rounded the other way (OpenVINO's activations differ from PyTorch's by float rounding, enough
     to tip a tie); a correct result is no further from PyTorch's than the further of the two, its
     furthest element give or take how far apart the two land (``StepJudge.judge``)."""
-    reruns = [_rerun_quantizing(nodes, outputs, values, matmuls, flip) for flip in (False, True)]
+    reruns = _reruns_quantizing(nodes, outputs, values, matmuls)
     judges: list[StepJudge | None] = []
     cause = (
         f"activations of compressed-weight matmuls quantized to int8 in groups of {DYNAMIC_GROUP} (as OpenVINO does)"
@@ -240,19 +274,23 @@ def dynamic_judges(
     return judges
 
 
-def _rerun_quantizing(
+def _reruns_quantizing(
     nodes: Sequence[torch.fx.Node],
     outputs: Sequence[torch.fx.Node],
     values: Mapping[torch.fx.Node, object],
     matmuls: Mapping[torch.fx.Node, int],
-    flip: bool,
-) -> dict[torch.fx.Node, object]:
-    def quantized(node: torch.fx.Node, args: tuple, kwargs: dict) -> object:
-        position = matmuls[node]
-        args = (*args[:position], _quantize_groups(args[position], flip), *args[position + 1 :])
-        return node.target(*args, **kwargs)
+) -> list[dict[torch.fx.Node, object]]:
+    """The reruns with those activations quantized, rounding to nearest and with ties flipped."""
 
-    return _rerun(nodes, values, dict.fromkeys(matmuls, quantized), outputs)
+    def quantizing(flip: bool) -> Callable[[torch.fx.Node, tuple, dict], object]:
+        def quantized(node: torch.fx.Node, args: tuple, kwargs: dict) -> object:
+            position = matmuls[node]
+            args = (*args[:position], _quantize_groups(args[position], flip), *args[position + 1 :])
+            return node.target(*args, **kwargs)
+
+        return quantized
+
+    return _reruns(nodes, values, [dict.fromkeys(matmuls, quantizing(flip)) for flip in (False, True)], outputs)
 
 
 def _quantize_groups(x: object, flip_ties: bool) -> object:

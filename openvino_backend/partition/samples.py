@@ -22,7 +22,7 @@ from torch.utils.flop_counter import flop_registry
 from openvino_backend.graph import non_default_dim_order, op_name
 from openvino_backend.ops import facts
 from openvino_backend.partition import rows as row_blocks
-from openvino_backend.partition.rows import RESHAPES, maps_rows, nbytes, row_part, static_shape
+from openvino_backend.partition.rows import RESHAPES, maps_rows, nbytes, row_part, row_ratio, static_shape
 from openvino_backend.timing import timed
 from openvino_backend.transform.fold import mutated_in_place
 
@@ -145,7 +145,7 @@ class SampleValues(Mapping[torch.fx.Node, object]):
             if not shape or shape[0] < 2 or current.op != "call_function" or not maps_rows(current):
                 continue
             reads = [a for a in current.all_input_nodes if self.recomputes(a)]
-            if any(a not in rows or static_shape(a)[0] != shape[0] for a in reads):
+            if any(a not in rows or static_shape(a)[0] != shape[0] * row_ratio(current) for a in reads):
                 continue
             held = [self._values[a] for a in current.all_input_nodes if not self.recomputes(a)]
             if all(row_part(x, shape, op_name(current)) is not None for x in held):
@@ -176,10 +176,11 @@ class SampleValues(Mapping[torch.fx.Node, object]):
             block: dict[torch.fx.Node, object] = {}
             for current in steps:
                 full, name = static_shape(current), op_name(current)
-                read = functools.partial(self._block_read, block, done, full, name, slice(start, stop))
+                scale = full[0] // shape[0]  # its rows per row of the result
+                read = functools.partial(self._block_read, block, done, full, name, shape[0], slice(start, stop))
                 args, kwargs = torch.fx.node.map_arg((current.args, current.kwargs), read)
                 if name in RESHAPES:
-                    args = (args[0], [stop - start, *full[1:]], *args[2:])
+                    args = (args[0], [(stop - start) * scale, *full[1:]], *args[2:])
                 with torch.no_grad():
                     block[current] = current.target(*args, **kwargs)
             out[start:stop] = block[node]
@@ -191,14 +192,23 @@ class SampleValues(Mapping[torch.fx.Node, object]):
         done: Mapping[torch.fx.Node, object],
         shape: tuple[int, ...],
         name: str,
-        rows: slice,
+        rows: int,
+        result_rows: slice,
         arg: torch.fx.Node,
     ) -> object:
-        """What a block of ``rows`` of a ``shape`` result of op ``name`` reads of ``arg``."""
+        """What a step of op ``name`` and ``shape`` reads of ``arg`` for the block ``result_rows`` of a
+        result of ``rows`` rows: the rows of ``arg`` that block comes from, or ``arg`` whole (a value
+        broadcast over the rows)."""
         if arg in block:
             return block[arg]
-        value = done[arg] if arg in done else self._values[arg]
-        return value[rows] if row_part(value, shape, name) == "rows" else value
+        if arg in done:  # a step by rows, computed before: its rows for this block
+            scale = static_shape(arg)[0] // rows
+            return done[arg][result_rows.start * scale : result_rows.stop * scale]
+        value = self._values[arg]
+        if row_part(value, shape, name) != "rows":
+            return value
+        scale = shape[0] // rows
+        return value[result_rows.start * scale : result_rows.stop * scale]
 
     def _compute(self, node: torch.fx.Node, done: Mapping[torch.fx.Node, object]) -> object:
         args, kwargs = torch.fx.node.map_arg(
