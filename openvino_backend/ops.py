@@ -140,6 +140,10 @@ FAMILIES: tuple[OpFacts, ...] = (
         convertible=True,
         keep_whole=True,
     ),
+    # Translated by the FX frontend (a MatMul with the weight transposed), though the table omits it
+    # (OpenVINO's torch.compile backend decomposes it). Decomposed unless a partitioner is asked to
+    # keep it whole (``OpenvinoPartitioner(keep_whole=...)``; ``export-llm`` does).
+    OpFacts(("aten.linear.default",), convertible=True),
     # Translated by the FX frontend (LogicalAnd/Or/Xor) though the table omits them; a causal
     # mask is built with logical_and. OpenVINO 2025.4's frontend has a rule for logical_and only:
     # there the conversion check keeps the other two out, by the op names OpenVINO reports.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -326,7 +327,8 @@ def test_lowering_decomposes_the_graph_once_and_keeps_whole_what_openvino_takes_
 ) -> None:
     """Each decomposition traces the whole graph: ``lower_graph`` runs one (ExecuTorch's
     ``to_edge_transform_and_lower`` runs two). What the partitioner keeps whole (the stack that
-    unpacks NNCF's 4-bit weights) reaches OpenVINO whole, and the program follows the graph."""
+    unpacks NNCF's 4-bit weights, and the linears: fewer nodes for every later trace) reaches
+    OpenVINO whole, and the program follows the graph."""
     pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
     graph = export_graph(wide_llama, weights="int4")
     decompositions = []
@@ -346,9 +348,48 @@ def test_lowering_decomposes_the_graph_once_and_keeps_whole_what_openvino_takes_
         for node in module.original_module.graph.nodes
         if node.op == "call_function"
     ]
-    assert "aten.stack.default" in delegated, sorted(set(delegated))
+    assert {"aten.stack.default", "aten.linear.default"} <= set(delegated), sorted(set(delegated))
     tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         want = graph.module()(tokens, torch.tensor([0]))[-1]
     got = Generator(program.buffer)(tokens[0].tolist())
     assert float(torch.nn.functional.cosine_similarity(got, want, dim=0)) >= 0.999
+
+
+def test_a_linear_a_check_keeps_out_of_openvino_is_lowered_again_decomposed(
+    wide_llama: Decoder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Linears are kept whole for OpenVINO; one that a check then keeps out could not run on the CPU
+    whole (ExecuTorch refuses it). The export lowers again with linears decomposed, says so, and the
+    program still follows the graph."""
+    pytest.importorskip("nncf", reason="weight compression runs on NNCF (the quantize extra)")
+    from openvino_backend.graph import op_name
+    from openvino_backend.partition.numerical import NumericalCheck
+
+    graph = export_graph(wide_llama, weights="int4")
+    check = NumericalCheck.__call__
+    refused = []
+
+    def refusing_a_linear(self, part):
+        linears = [node for node in part.ordered() if op_name(node) == "aten.linear.default"]
+        if linears:
+            refused.append(linears[-1].name)
+            yield linears[-1], "kept out by this test"
+            return
+        yield from check(self, part)
+
+    monkeypatch.setattr(NumericalCheck, "__call__", refusing_a_linear)
+    with caplog.at_level(logging.WARNING, logger="openvino_backend"):
+        program = lower_graph(graph, wide_llama)
+    assert refused, "the first lowering kept no linear whole"
+    assert "lowering again with" in caplog.text and "decomposed" in caplog.text
+    tokens = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        want = graph.module()(tokens, torch.tensor([0]))[-1]
+    got = Generator(program.buffer)(tokens[0].tolist())
+    assert float(torch.nn.functional.cosine_similarity(got, want, dim=0)) >= 0.999
+
+
+def test_an_op_to_keep_whole_that_openvino_does_not_convert_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"keep_whole: aten\.no_such_op\.default"):
+        OpenvinoPartitioner(keep_whole={"aten.no_such_op.default"})

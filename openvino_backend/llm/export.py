@@ -33,7 +33,7 @@ from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from torch._export.verifier import SpecViolationError
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from openvino_backend.diagnostics import OpenvinoExportError
+from openvino_backend.diagnostics import CpuKernelError, OpenvinoExportError
 from openvino_backend.llm.models import Decoder, UnsupportedDecoderError
 from openvino_backend.partition.partitioner import OpenvinoPartitioner
 from openvino_backend.program import to_executorch, writing_inline
@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 Weights = Literal["f32", "int8", "int4"]
 WEIGHTS: tuple[str, ...] = ("f32", "int8", "int4")
 INT4_GROUP = 128
+# Kept whole for OpenVINO where it takes every one: a decoder's linears decomposed are a tenth of its
+# graph's nodes, traced again by each of ExecuTorch's steps (the same MatMul reaches OpenVINO either way).
+KEEP_WHOLE = ("aten.linear.default",)
 # NNCF unpacks 4-bit weights with a shift that is no core ATen op; OpenVINO folds it into a u4 constant.
 _UNPACKING_OPS = [torch.ops.aten.bitwise_right_shift.Tensor_Scalar]
 
@@ -55,6 +58,11 @@ def example_inputs(decoder: Decoder, prompt: int = 3) -> tuple[torch.Tensor, tor
     """A ``prompt``-token input at position 0, ids within the vocabulary."""
     tokens = torch.arange(prompt, dtype=torch.long).reshape(1, prompt) % decoder.vocab_size
     return tokens, torch.tensor([0], dtype=torch.long)
+
+
+def dynamic_shapes(decoder: Decoder, dynamic: bool) -> tuple[dict[int, object], None] | None:
+    """``torch.export``'s dynamic shapes for ``example_inputs``: prompts of 1 to ``max_context - 1``."""
+    return ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None) if dynamic else None
 
 
 def metadata(decoder: Decoder, dynamic: bool) -> dict[str, object]:
@@ -119,8 +127,7 @@ def export_graph(
     if symmetric and weights == "f32":
         logger.warning("symmetric only shapes compressed weights: ignored for f32")
     _still_loaded(decoder)
-    inputs = example_inputs(decoder, 3 if dynamic else 1)
-    shapes = ({1: torch.export.Dim("prompt", min=1, max=decoder.max_context - 1)}, None) if dynamic else None
+    inputs, shapes = example_inputs(decoder, 3 if dynamic else 1), dynamic_shapes(decoder, dynamic)
     streamed = decoder.stored is not None and weights != "f32" and not calibration
     if decoder.stored is not None and not streamed:
         # f32 weights are the program's, and calibration runs the model: both need the f32 model.
@@ -277,10 +284,26 @@ def lower_graph(
 ) -> ExecutorchProgramManager:
     """An ``export_graph`` result lowered by this backend, with the constant methods LLM runners read."""
     # The numerical check runs on a real prompt at position 0 (drawn positions could be negative).
-    partitioner = partitioner or OpenvinoPartitioner(sample_inputs=example_inputs(decoder, 3 if dynamic else 1))
+    sample = example_inputs(decoder, 3 if dynamic else 1)
+    given = partitioner is not None
+    partitioner = partitioner or OpenvinoPartitioner(sample_inputs=sample, keep_whole=KEEP_WHOLE)
     with writing_inline():
         try:
-            edge = lower_in_one_pass(exported, partitioner, metadata(decoder, dynamic))
+            try:
+                edge = lower_in_one_pass(exported, partitioner, metadata(decoder, dynamic))
+            except CpuKernelError as error:
+                if given or not partitioner.keep_whole:
+                    raise
+                # A check kept a linear out of OpenVINO, where ExecuTorch refuses it whole: decomposed, its
+                # parts run on ExecuTorch's kernels. Lowered again, nothing kept whole, from the graph traced
+                # again (lowering leaves its trace's symbols in the program's shape environment).
+                logger.warning("%s: lowering again with %s decomposed (%s)", decoder.name, KEEP_WHOLE, error.why)
+                partitioner = OpenvinoPartitioner(sample_inputs=sample)
+                with torch.no_grad():
+                    retraced = torch.export.export(
+                        exported.module(), sample, dynamic_shapes=dynamic_shapes(decoder, dynamic)
+                    )
+                edge = lower_in_one_pass(retraced, partitioner, metadata(decoder, dynamic))
             check_ir(edge)
         except OpenvinoExportError:
             raise

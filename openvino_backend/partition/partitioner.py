@@ -21,7 +21,7 @@ from openvino_backend.compile_spec import HANDOVER_KEY, PARTITION_KEY, VERSION_K
 from openvino_backend.diagnostics import OpenvinoExportError, pass_failure
 from openvino_backend.lowering.guard import share_backend_name
 from openvino_backend.lowering.preprocess import OpenvinoBackend
-from openvino_backend.ops import openvino_supported_ops, ops_to_keep_whole
+from openvino_backend.ops import openvino_supported_ops, ops_to_keep_whole, overload
 from openvino_backend.partition.conversion import keep_converted_passthroughs_out, offer_conversion
 from openvino_backend.partition.cpu_kernels import ensure_cpu_runnable
 from openvino_backend.partition.edge_rules import DEFAULT_RULES
@@ -86,6 +86,11 @@ class OpenvinoPartitioner(Partitioner):
             whose readers and update all sit in one partition lives in
             OpenVINO as state, instead of crossing the delegate's edge twice
             per call (``partition/mutable_buffers.py``).
+        keep_whole: ops (``aten.linear.default``) kept whole, beyond those
+            always kept, where OpenVINO takes every node of them: fewer nodes
+            for every later trace of the graph. One that a later check keeps
+            out of OpenVINO fails the export (``CpuKernelError``): ExecuTorch
+            refuses a program that leaves it on the CPU whole.
     """
 
     def __init__(
@@ -101,6 +106,7 @@ class OpenvinoPartitioner(Partitioner):
         check_numerics: bool = True,
         sample_inputs: Sequence[object] | None = None,
         take_over_mutable_buffers: bool = True,
+        keep_whole: Collection[str] = (),
     ) -> None:
         share_backend_name(OpenvinoBackend, PARTITION_KEY)
         self.compile_spec = list(compile_spec or [])
@@ -116,6 +122,11 @@ class OpenvinoPartitioner(Partitioner):
         self.check_numerics = check_numerics
         self.sample_inputs = sample_inputs
         self.take_over_mutable_buffers = take_over_mutable_buffers
+        unknown = sorted(name for name in keep_whole if name not in openvino_supported_ops())
+        if unknown:
+            names = ", ".join(unknown)
+            raise ValueError(f"keep_whole: {names}: not ops OpenVINO converts (named as aten.linear.default)")
+        self.keep_whole = tuple(sorted(keep_whole))
         self._export = ExportState()
         # What the last ``partition`` call decided.
         self.numerical_check: NumericalCheck | None = None
@@ -135,7 +146,8 @@ class OpenvinoPartitioner(Partitioner):
         # kernels. Decided here, per op: given a per-node filter instead, ExecuTorch runs the whole
         # decomposition once more (a third of lowering time on a large model).
         support = OpenvinoOperatorSupport(self.op_types_to_skip, self.op_names_to_skip)
-        names = {op: str(op).replace("::", ".") for op in ops_to_keep_whole()}
+        ops = {*ops_to_keep_whole(), *(overload(name) for name in self.keep_whole)}
+        names = {op: str(op).replace("::", ".") for op in sorted(ops, key=str)}
         kept = [
             op
             for op, name in names.items()
