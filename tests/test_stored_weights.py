@@ -112,7 +112,7 @@ def test_released_checkpoint_pages_leave_the_process_and_the_values_intact(tmp_p
     read so far stop counting as this process's memory, and reading again gives the same values."""
     from safetensors.torch import load_file, save_file
 
-    from openvino_backend.llm.export import file_mappings, release_pages
+    from openvino_backend.llm.pages import file_mappings, release_pages
 
     path = tmp_path / "weights.safetensors"
     save_file({"w": torch.arange(4 << 20, dtype=torch.float32)}, str(path))  # 16 MB
